@@ -1,0 +1,5 @@
+import sys
+
+from ratchet.cli import main
+
+sys.exit(main())

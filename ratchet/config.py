@@ -1,0 +1,124 @@
+"""Pipeline configuration: load a YAML profile, apply `key=value` overrides, validate.
+
+One schema (`workflow/schemas/config.schema.yaml`) serves Snakemake and the `ratchet` CLI.
+Validation fills every default and fails with one message naming the offending key, before
+any work starts.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+SCHEMA_PATH = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "config.schema.yaml"
+
+
+class ConfigError(ValueError):
+    """A configuration problem, with the dotted key that causes it in the message."""
+
+
+def load_schema() -> dict:
+    if not SCHEMA_PATH.is_file():
+        raise FileNotFoundError(f"config schema not found: {SCHEMA_PATH}")
+    return yaml.safe_load(SCHEMA_PATH.read_text())
+
+
+def _fill_defaults(schema: dict, cfg: dict) -> None:
+    for key, sub in schema.get("properties", {}).items():
+        if key not in cfg and "default" in sub:
+            cfg[key] = copy.deepcopy(sub["default"])
+        if isinstance(cfg.get(key), dict) and sub.get("type") == "object":
+            _fill_defaults(sub, cfg[key])
+
+
+def _message(err: jsonschema.ValidationError) -> str:
+    where = ".".join(str(p) for p in err.absolute_path)
+    if err.validator == "additionalProperties":
+        allowed = sorted(err.schema.get("properties", {}))
+        extra = sorted(set(err.instance) - set(allowed))
+        key = ".".join(filter(None, [where, extra[0] if extra else "?"]))
+        return f"config: unknown key {key!r} (allowed here: {', '.join(allowed)})"
+    if err.validator == "type":
+        return (f"config: key {where!r} must be of type {err.validator_value}, "
+                f"got {type(err.instance).__name__} {err.instance!r}")
+    return f"config: key {where or '<root>'!r}: {err.message}"
+
+
+def validate(cfg: dict) -> dict:
+    """Return a deep copy of `cfg` with every default filled; raise ConfigError on bad input."""
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"config: expected a mapping at the top level, got {type(cfg).__name__}")
+    schema = load_schema()
+    cfg = copy.deepcopy(cfg)
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(cfg), key=lambda e: list(e.absolute_path))
+    if errors:
+        raise ConfigError(_message(errors[0]))
+    _fill_defaults(schema, cfg)
+    errors = sorted(validator.iter_errors(cfg), key=lambda e: list(e.absolute_path))
+    if errors:  # a default that does not satisfy its own schema is a bug in the schema
+        raise ConfigError(_message(errors[0]))
+    _check_consistency(cfg)
+    return cfg
+
+
+def _check_consistency(cfg: dict) -> None:
+    """Rules that span keys, which JSON Schema states badly."""
+    m, d = cfg["model"], cfg["data"]
+    if m["source"] in ("local", "gguf") and not m["path"]:
+        raise ConfigError(f"config: key 'model.path' is required when model.source is {m['source']!r}")
+    if d["source"] == "local" and not (d["train_path"] and d["test_path"]):
+        raise ConfigError("config: keys 'data.train_path' and 'data.test_path' are required "
+                          "when data.source is 'local'")
+    if (m["source"] == "tiny") != (d["source"] == "synthetic"):
+        raise ConfigError("config: model.source 'tiny' goes with data.source 'synthetic' (its "
+                          "character vocabulary is the task's) and only with it; got "
+                          f"model.source={m['source']!r}, data.source={d['source']!r}")
+    t = m["tiny"]
+    if t["num_heads"] % t["num_kv_heads"] or t["hidden_size"] % t["num_heads"]:
+        raise ConfigError("config: key 'model.tiny': num_heads must divide hidden_size and be a "
+                          "multiple of num_kv_heads")
+
+
+def parse_value(text: str) -> Any:
+    """`3` -> 3, `1e-6` -> 1e-06, `null` -> None, `[1, 2]` -> [1, 2], anything else a string."""
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return yaml.safe_load(text) if text.strip() else text
+
+
+def apply_overrides(cfg: dict, overrides: list[str]) -> dict:
+    cfg = copy.deepcopy(cfg)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"config override {item!r} is not of the form key=value")
+        key, text = item.split("=", 1)
+        node = cfg
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"config override {item!r}: {part!r} is not a section")
+        node[parts[-1]] = parse_value(text)
+    return cfg
+
+
+def load(path: str | Path | None, overrides: list[str] = ()) -> dict:
+    """Read a YAML profile (or start empty), apply overrides, validate."""
+    cfg: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            cfg = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+    return validate(apply_overrides(cfg, list(overrides)))

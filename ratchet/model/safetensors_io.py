@@ -1,0 +1,103 @@
+"""Reading and writing safetensors files as float32 NumPy arrays, bf16 included.
+
+The `safetensors` package's NumPy API cannot hold bf16, and the engine must not import torch,
+so this reads the format directly: an 8-byte little-endian header length, a JSON header of
+{name: {dtype, shape, data_offsets}}, then the raw bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from ratchet.model.dtypes import bf16_bits_to_fp32, fp32_to_bf16_bits
+
+_NUMPY = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I64": np.int64,
+          "I32": np.int32, "U8": np.uint8, "I8": np.int8, "BOOL": np.bool_}
+_CODE = {"fp32": "F32", "fp16": "F16", "bf16": "BF16"}
+
+
+def read_header(path: str | Path) -> tuple[dict, int]:
+    path = Path(path)
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        if len(raw) < 8:
+            raise ValueError(f"{path}: not a safetensors file (shorter than its header length)")
+        (n,) = struct.unpack("<Q", raw)
+        if n > size - 8:
+            raise ValueError(f"{path}: truncated safetensors file (header says {n} bytes)")
+        try:
+            header = json.loads(f.read(n))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: corrupt safetensors header: {e}") from None
+    header.pop("__metadata__", None)
+    data_start = 8 + n
+    for name, info in header.items():
+        end = info["data_offsets"][1]
+        if data_start + end > size:
+            raise ValueError(f"{path}: truncated safetensors file (tensor {name!r} runs past the end)")
+    return header, data_start
+
+
+def load_fp32(path: str | Path) -> dict[str, np.ndarray]:
+    """Every tensor of the file, as float32 (ints are kept as they are)."""
+    header, start = read_header(path)
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    out = {}
+    for name, info in header.items():
+        a, b = info["data_offsets"]
+        raw = data[start + a: start + b]
+        shape = tuple(info["shape"])
+        code = info["dtype"]
+        if code == "BF16":
+            arr = bf16_bits_to_fp32(raw.view(np.uint16)).reshape(shape)
+        elif code in _NUMPY:
+            arr = np.array(raw.view(_NUMPY[code]).reshape(shape))
+            if arr.dtype.kind == "f":
+                arr = arr.astype(np.float32)
+        else:
+            raise ValueError(f"{path}: tensor {name!r} has unsupported dtype {code}")
+        out[name] = arr
+    return out
+
+
+def encode(arr: np.ndarray, dtype: str) -> bytes:
+    arr = np.ascontiguousarray(arr, dtype=np.float32)
+    if dtype == "bf16":
+        return fp32_to_bf16_bits(arr).tobytes()
+    if dtype == "fp16":
+        return arr.astype(np.float16).tobytes()
+    if dtype == "fp32":
+        return arr.tobytes()
+    raise ValueError(f"unknown dtype {dtype!r}")
+
+
+def save(path: str | Path, tensors: dict[str, np.ndarray], dtype: str,
+         metadata: dict[str, str] | None = None) -> None:
+    """Write float tensors in `dtype` (fp32, fp16 or bf16): to a temporary name, then rename."""
+    path = Path(path)
+    header: dict = {}
+    blobs = []
+    offset = 0
+    for name, arr in tensors.items():
+        blob = encode(arr, dtype)
+        header[name] = {"dtype": _CODE[dtype], "shape": list(arr.shape),
+                        "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    if metadata:
+        header["__metadata__"] = {k: str(v) for k, v in metadata.items()}
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)  # the format aligns the data to 8 bytes
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(head)))
+        f.write(head)
+        for blob in blobs:
+            f.write(blob)
+    os.replace(tmp, path)

@@ -1,0 +1,76 @@
+"""Where every stage reads and writes: the one place that knows the results/ layout.
+
+The Snakemake rules declare these paths as their inputs and outputs, and the stage functions
+write to them, so the two can never disagree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    results_dir: Path
+    run_name: str
+
+    @classmethod
+    def from_config(cls, cfg: dict) -> "RunPaths":
+        return cls(Path(cfg["results_dir"]), cfg["run_name"])
+
+    @property
+    def root(self) -> Path:
+        return self.results_dir / self.run_name
+
+    @property
+    def mlflow_db(self) -> Path:
+        return self.results_dir / "mlflow.db"
+
+    # download_model / download_data
+    @property
+    def source(self) -> Path:
+        return self.root / "source"
+
+    @property
+    def source_done(self) -> Path:
+        return self.source / "source.json"
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def train_data(self) -> Path:
+        return self.data / "train.parquet"
+
+    @property
+    def test_data(self) -> Path:
+        return self.data / "test.parquet"
+
+    # convert_weights
+    @property
+    def model(self) -> Path:
+        return self.root / "model"
+
+    @property
+    def manifest(self) -> Path:
+        return self.model / "manifest.json"
+
+    # build_engine
+    @property
+    def build(self) -> Path:
+        return self.root / "engine" / "build.json"
+
+    # evals
+    def eval_json(self, name: str) -> Path:
+        return self.root / "eval" / f"{name}.json"
+
+    def eval_answers(self, name: str) -> Path:
+        return self.root / "eval" / f"{name}_answers.parquet"
+
+    def log(self, stage: str) -> Path:
+        return self.root / "logs" / f"{stage}.log"
+
+    def benchmark(self, stage: str) -> Path:
+        return self.root / "benchmarks" / f"{stage}.tsv"

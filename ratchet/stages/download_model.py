@@ -1,0 +1,76 @@
+"""download_model: fetch or make the source model, and record where it is.
+
+Writes `results/<run>/source/source.json` last, naming the kind (hf or gguf), the path to
+convert from and the SHA-256 of the inputs; for `tiny` and `hub` the files live beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from ratchet.paths import RunPaths
+from ratchet.tracking import sha256_of
+
+HUB_PATTERNS = ["*.json", "*.safetensors", "merges.txt", "vocab.json", "tokenizer*"]
+
+
+def _make_tiny(cfg: dict, out: Path) -> Path:
+    from ratchet.data.char_tokenizer import save_char_tokenizer
+    from ratchet.data.synthetic import ALPHABET
+    from ratchet.data.tokenizer import load_tokenizer
+    from ratchet.model.tiny import make_tiny_model
+
+    t = cfg["model"]["tiny"]
+    tok_dir = out / "tokenizer"
+    save_char_tokenizer(tok_dir, ALPHABET)
+    tok = load_tokenizer(tok_dir)
+    make_tiny_model(out / "hf", seed=cfg["seed"], vocab_size=tok.vocab_size,
+                    hidden_size=t["hidden_size"], intermediate_size=t["intermediate_size"],
+                    num_layers=t["num_layers"], num_heads=t["num_heads"],
+                    num_kv_heads=t["num_kv_heads"], init_std=t["init_std"],
+                    tokenizer_dir=tok_dir, eos_token_id=tok.eos_ids[0], pad_token_id=tok.pad_id)
+    shutil.rmtree(tok_dir)
+    return out / "hf"
+
+
+def _from_hub(cfg: dict, out: Path) -> Path:
+    from huggingface_hub import snapshot_download
+
+    m = cfg["model"]
+    print(f"[download_model] snapshot_download {m['repo_id']}@{m['revision']} -> {out / 'hf'}")
+    path = snapshot_download(repo_id=m["repo_id"], revision=m["revision"],
+                             local_dir=out / "hf", allow_patterns=HUB_PATTERNS)
+    return Path(path)
+
+
+def download_model(cfg: dict, run) -> None:
+    paths = RunPaths.from_config(cfg)
+    out = paths.source
+    source = cfg["model"]["source"]
+    if out.exists():
+        shutil.rmtree(out)  # a half-written earlier attempt must not be mistaken for a source
+    out.mkdir(parents=True)
+    if source == "tiny":
+        kind, path = "hf", _make_tiny(cfg, out)
+    elif source == "hub":
+        kind, path = "hf", _from_hub(cfg, out)
+    else:
+        path = Path(cfg["model"]["path"]).expanduser().resolve()
+        kind = "gguf" if source == "gguf" else "hf"
+        if kind == "gguf" and not path.is_file():
+            raise FileNotFoundError(f"config model.path: GGUF file not found: {path}")
+        if kind == "hf" and not path.is_dir():
+            raise FileNotFoundError(f"config model.path: model directory not found: {path}")
+    digest = sha256_of(path)
+    record = {"kind": kind, "source": source, "path": str(path), "sha256": digest,
+              "repo_id": cfg["model"]["repo_id"] if source == "hub" else None,
+              "revision": cfg["model"]["revision"] if source == "hub" else None}
+    tmp = paths.source_done.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    os.replace(tmp, paths.source_done)
+    print(f"[download_model] {source}: {path} (sha256 {digest[:16]}...)")
+    run.set_tags({"model.sha256": digest, "model.path": str(path)})
+    run.log_output(paths.source_done)

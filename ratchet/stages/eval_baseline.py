@@ -1,0 +1,50 @@
+"""eval_baseline: greedy accuracy of the converted model on the test split, before training."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from ratchet.paths import RunPaths
+
+
+def run_eval(cfg: dict, run, model_dir, name: str) -> dict:
+    """Shared by the baseline and the after-training evals: writes <name>.json and answers."""
+    from ratchet.data.datasets_io import load_split
+    from ratchet.data.prompts import make_prompt_fn
+    from ratchet.data.tokenizer import load_tokenizer
+    from ratchet.device import resolve_backend
+    from ratchet.engine.engine import Engine
+    from ratchet.model.io import load_engine_model
+    from ratchet.rl.evaluate import evaluate
+
+    paths = RunPaths.from_config(cfg)
+    e, ev = cfg["engine"], cfg["eval"]
+    model = load_engine_model(model_dir)
+    tokenizer = load_tokenizer(paths.model)
+    problems = load_split(paths.test_data)
+    if ev["num_problems"]:
+        problems = problems.head(ev["num_problems"])
+    engine = Engine(model, backend=resolve_backend(e["backend"]),
+                    max_batch_size=e["max_batch_size"], max_seq_len=e["max_seq_len"])
+    prompt_fn = make_prompt_fn(tokenizer, cfg["data"]["source"])
+    summary, answers = evaluate(engine, tokenizer, problems, prompt_fn, ev["max_new_tokens"])
+    summary.update({"name": name, "backend": engine.backend_name, "dtype": model.dtype})
+    out_json, out_answers = paths.eval_json(name), paths.eval_answers(name)
+    out_json.parent.mkdir(parents=True, exist_ok=True)
+    answers.to_parquet(out_answers.with_suffix(".parquet.tmp"), index=False)
+    os.replace(out_answers.with_suffix(".parquet.tmp"), out_answers)
+    tmp = out_json.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(summary, indent=2) + "\n")
+    os.replace(tmp, out_json)
+    print(f"[{name}] accuracy {summary['accuracy']:.4f} ± {summary['accuracy_stderr']:.4f} "
+          f"on {summary['n']} problems, format {summary['format_rate']:.3f}, "
+          f"{summary['tokens_per_s']:.0f} tok/s")
+    run.log_metrics({f"eval/{k}": v for k, v in summary.items() if isinstance(v, (int, float))})
+    run.log_output(out_json)
+    run.log_output(out_answers)
+    return summary
+
+
+def eval_baseline(cfg: dict, run) -> None:
+    run_eval(cfg, run, RunPaths.from_config(cfg).model, "baseline")

@@ -1,0 +1,228 @@
+"""MLflow tracking: one parent run per pipeline invocation, one child run per stage.
+
+The store defaults to SQLite at `<results_dir>/mlflow.db` (`MLFLOW_TRACKING_URI` overrides
+it). Snakemake runs stages as separate processes, possibly at the same time, so every write
+goes through one file lock, and the parent run is created lazily by the first stage of an
+invocation (an invocation that runs nothing leaves no empty parent behind). The invocation is
+named by `RATCHET_PIPELINE_ID`, which the Snakefile sets; a stage run from the CLI without it
+is a top-level run. `RATCHET_TRACKING=off` turns tracking into a no-op (for unit tests).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import time
+from importlib import metadata
+from pathlib import Path
+
+PIPELINE_ENV = "RATCHET_PIPELINE_ID"
+PACKAGES = ("ratchet", "torch", "numpy", "cupy-cuda13x", "cupy-cuda12x", "mlflow", "snakemake",
+            "transformers", "safetensors", "datasets", "gguf")
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def enabled() -> bool:
+    return os.environ.get("RATCHET_TRACKING", "on").lower() not in ("0", "off", "false", "no")
+
+
+def tracking_uri(results_dir: Path) -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(results_dir).resolve()}/mlflow.db"
+
+
+@contextlib.contextmanager
+def store_lock(results_dir: Path):
+    """Serialise writers: SQLite allows one, and parent creation must happen once."""
+    results_dir.mkdir(parents=True, exist_ok=True)
+    with open(results_dir / ".mlflow.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def sha256_of(path: Path) -> str:
+    """SHA-256 of a file, or of a directory as the hash of its files' names and hashes."""
+    path = Path(path)
+    if path.is_file():
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        return h.hexdigest()
+    h = hashlib.sha256()
+    for child in sorted(p for p in path.rglob("*") if p.is_file()):
+        h.update(f"{child.relative_to(path)}\0{sha256_of(child)}\n".encode())
+    return h.hexdigest()
+
+
+def code_version() -> dict[str, str]:
+    def git(*args: str) -> str:
+        out = subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True,
+                             text=True, timeout=10)
+        return out.stdout.strip() if out.returncode == 0 else ""
+
+    commit = git("rev-parse", "HEAD")
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    return {"git.commit": commit or "unknown", "git.dirty": str(bool(dirty)).lower()}
+
+
+def package_versions() -> dict[str, str]:
+    out = {}
+    for name in PACKAGES:
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            out[f"version.{name}"] = metadata.version(name)
+    out["version.python"] = platform.python_version()
+    return out
+
+
+def device_name() -> str:
+    from ratchet.device import describe  # local: cheap, but keeps this module import-light
+
+    return describe()
+
+
+def flatten(d: dict, prefix: str = "") -> dict[str, str]:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = json.dumps(v) if not isinstance(v, str) else v
+    return out
+
+
+class StageRun:
+    """Context manager around one stage: params, tags, metrics with steps, outputs."""
+
+    def __init__(self, stage: str, cfg: dict):
+        self.stage = stage
+        self.cfg = cfg
+        self.results_dir = Path(cfg["results_dir"])
+        self.max_artifact_bytes = cfg["tracking"]["max_artifact_mb"] * 2**20
+        self.client = None
+        self.run_id: str | None = None
+        self._metrics: list = []
+
+    # -- lifecycle --------------------------------------------------------------------
+    def __enter__(self) -> "StageRun":
+        if not enabled():
+            return self
+        from mlflow.tracking import MlflowClient
+
+        with store_lock(self.results_dir):
+            self.client = MlflowClient(tracking_uri(self.results_dir))
+            experiment_id = self._experiment_id()
+            tags = {"ratchet.stage": self.stage, "ratchet.run_name": self.cfg["run_name"],
+                    "device": device_name(), **code_version(), **package_versions()}
+            parent = self._parent_run(experiment_id)
+            if parent:
+                tags["mlflow.parentRunId"] = parent
+            run = self.client.create_run(experiment_id, tags=tags,
+                                         run_name=f"{self.cfg['run_name']}/{self.stage}")
+            self.run_id = run.info.run_id
+            self._log_batch(params=flatten(self.cfg))
+        print(f"[tracking] MLflow run {self.run_id} ({self.stage}) at {tracking_uri(self.results_dir)}")
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self.client is None:
+            return
+        self.flush()
+        with store_lock(self.results_dir):
+            self.client.set_terminated(self.run_id, "FAILED" if exc_type else "FINISHED")
+
+    # -- logging ----------------------------------------------------------------------
+    def log_metrics(self, metrics: dict[str, float], step: int = 0) -> None:
+        if self.client is None:
+            return
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self._metrics += [Metric(k, float(v), now, int(step)) for k, v in metrics.items()
+                          if v is not None]
+        if len(self._metrics) >= 900:
+            self.flush()
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        if self.client is not None:
+            self._log_batch(tags={k: str(v) for k, v in tags.items()})
+
+    def log_output(self, path: Path, name: str | None = None) -> str:
+        """Record an output's SHA-256 as a tag, and copy it as an artifact if small enough."""
+        path = Path(path)
+        digest = sha256_of(path)
+        if self.client is None:
+            return digest
+        name = name or path.name
+        self.set_tags({f"sha256.{name}": digest})
+        size = path.stat().st_size if path.is_file() else sum(
+            p.stat().st_size for p in path.rglob("*") if p.is_file())
+        if size <= self.max_artifact_bytes:
+            if path.is_file():
+                self.client.log_artifact(self.run_id, str(path))
+            else:
+                self.client.log_artifacts(self.run_id, str(path), artifact_path=name)
+        return digest
+
+    def flush(self) -> None:
+        while self._metrics:
+            batch, self._metrics = self._metrics[:900], self._metrics[900:]
+            self._log_batch(metrics=batch)
+
+    # -- internals --------------------------------------------------------------------
+    def _log_batch(self, metrics=(), params=None, tags=None) -> None:
+        from mlflow.entities import Param, RunTag
+
+        with store_lock(self.results_dir):
+            self.client.log_batch(
+                self.run_id, metrics=list(metrics),
+                params=[Param(k, v[:6000]) for k, v in (params or {}).items()],
+                tags=[RunTag(k, v[:5000]) for k, v in (tags or {}).items()])
+
+    def _experiment_id(self) -> str:
+        name = self.cfg["tracking"]["experiment"]
+        exp = self.client.get_experiment_by_name(name)
+        if exp is not None:
+            return exp.experiment_id
+        location = None
+        if "MLFLOW_TRACKING_URI" not in os.environ:  # keep artifacts beside the SQLite store
+            location = (self.results_dir.resolve() / "mlartifacts").as_uri()
+        return self.client.create_experiment(name, artifact_location=location)
+
+    def _parent_run(self, experiment_id: str) -> str | None:
+        pipeline_id = os.environ.get(PIPELINE_ENV)
+        if not pipeline_id:
+            return None
+        marker = self.results_dir / ".pipelines" / f"{pipeline_id}.json"
+        if marker.is_file():
+            return json.loads(marker.read_text())["run_id"]
+        tags = {"ratchet.pipeline_id": pipeline_id, "ratchet.run_name": self.cfg["run_name"],
+                "device": device_name(), **code_version()}
+        run = self.client.create_run(experiment_id, tags=tags,
+                                     run_name=f"{self.cfg['run_name']}/pipeline")
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(json.dumps({"run_id": run.info.run_id}))
+        return run.info.run_id
+
+
+def end_pipeline(results_dir: str | Path, status: str) -> None:
+    """Close the invocation's parent run, if a stage created one (Snakefile onsuccess/onerror)."""
+    pipeline_id = os.environ.get(PIPELINE_ENV)
+    results_dir = Path(results_dir)
+    marker = results_dir / ".pipelines" / f"{pipeline_id}.json"
+    if not (enabled() and pipeline_id and marker.is_file()):
+        return
+    from mlflow.tracking import MlflowClient
+
+    with store_lock(results_dir):
+        client = MlflowClient(tracking_uri(results_dir))
+        client.set_terminated(json.loads(marker.read_text())["run_id"], status)
+    marker.unlink()

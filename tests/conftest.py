@@ -1,0 +1,46 @@
+"""Shared test fixtures: paths to optional real artefacts, and GPU skipping."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+REAL_GGUF = ROOT / ".cache" / "real" / "qwen2.5-coder-0.5b-instruct.gguf"
+
+
+def has_cuda() -> bool:
+    try:
+        import cupy  # noqa: F401
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if has_cuda():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA and CuPy (run `pytest -m gpu` on a GPU machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def real_gguf() -> Path:
+    path = Path(os.environ.get("RATCHET_REAL_GGUF", REAL_GGUF))
+    if not path.is_file():
+        pytest.skip(f"real model not present at {path} (run ../shared/tools/real-model.sh .cache/real)")
+    return path
+
+
+@pytest.fixture
+def gsm8k_dir() -> Path:
+    path = SHARED / "data" / "gsm8k"
+    if not (path / "test.jsonl").is_file():
+        pytest.skip(f"GSM8K not present at {path}")
+    return path

@@ -1,0 +1,48 @@
+import json
+import sys
+from shlex import quote as shlex_quote
+
+from snakemake.settings.types import DeploymentMethod
+from snakemake.utils import validate
+
+import ratchet.config
+from ratchet.paths import RunPaths
+from ratchet.stages import export_to_jobs, settings
+from ratchet.tracking import end_pipeline
+
+# Fill defaults and reject unknown keys or wrong types with a message naming the key, before
+# any rule runs; then the standard schema check (a no-op on a config that passed).
+config.update(ratchet.config.validate(config))
+validate(config, "../schemas/config.schema.yaml")
+
+P = RunPaths.from_config(config)
+
+# The stages read the whole validated config from the environment the jobs inherit, and all
+# jobs of this invocation share one MLflow parent run. Each rule names the config sections it
+# depends on as params, so a change reruns exactly the stages it touches.
+export_to_jobs(config)
+
+
+def stage_settings(stage):
+    return json.dumps(settings(stage, config), sort_keys=True)
+
+
+# Under --use-conda the rule's environment provides `python`; otherwise Snakemake's own
+# interpreter runs the stage, so the pipeline works without an activated virtualenv.
+if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method:
+    PYTHON = "python"
+else:
+    PYTHON = shlex_quote(sys.executable)
+
+
+def ratchet_cmd(stage):
+    """The shell command of a rule: the stage, with its output going to the rule's log."""
+    return f"{PYTHON} -m ratchet {stage} --config-from-env > {{log}} 2>&1"
+
+
+onsuccess:
+    end_pipeline(config["results_dir"], "FINISHED")
+
+
+onerror:
+    end_pipeline(config["results_dir"], "FAILED")

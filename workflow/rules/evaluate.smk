@@ -1,0 +1,17 @@
+rule eval_baseline:
+    input:
+        build=rules.build_engine.output.build,
+        test=rules.download_data.output.test,
+    output:
+        summary=P.eval_json("baseline"),
+        answers=P.eval_answers("baseline"),
+    params:
+        settings=stage_settings("eval_baseline"),
+    conda:
+        "../envs/ratchet.yaml"
+    log:
+        P.log("eval_baseline"),
+    benchmark:
+        P.benchmark("eval_baseline")
+    shell:
+        ratchet_cmd("eval_baseline")
