@@ -35,15 +35,29 @@ def tracking_uri(results_dir: Path) -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(results_dir).resolve()}/mlflow.db"
 
 
+_lock_depth = 0  # flock is not re-entrant across file descriptors: count nested holds
+
+
 @contextlib.contextmanager
 def store_lock(results_dir: Path):
-    """Serialise writers: SQLite allows one, and parent creation must happen once."""
-    results_dir.mkdir(parents=True, exist_ok=True)
-    with open(results_dir / ".mlflow.lock", "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+    """Serialise writers across processes: SQLite allows one, and parent creation must
+    happen once. Re-entrant within a process."""
+    global _lock_depth
+    if _lock_depth:
+        _lock_depth += 1
         try:
             yield
         finally:
+            _lock_depth -= 1
+        return
+    results_dir.mkdir(parents=True, exist_ok=True)
+    with open(results_dir / ".mlflow.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        _lock_depth = 1
+        try:
+            yield
+        finally:
+            _lock_depth = 0
             fcntl.flock(f, fcntl.LOCK_UN)
 
 

@@ -1,0 +1,72 @@
+"""The config schema: defaults filled, bad keys and types named, profiles valid."""
+
+from pathlib import Path
+
+import pytest
+
+from ratchet import config as cfgmod
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_defaults_fill_every_key():
+    cfg = cfgmod.validate({})
+    assert cfg["run_name"] == "tiny"
+    assert cfg["model"]["source"] == "tiny"
+    assert cfg["engine"]["dtype"] == "fp16"
+    assert cfg["model"]["tiny"]["hidden_size"] > 0
+
+
+def test_every_schema_key_has_description_and_default():
+    def walk(node, where):
+        for key, sub in node.get("properties", {}).items():
+            assert "description" in sub, f"{where}{key} has no description"
+            assert "default" in sub, f"{where}{key} has no default"
+            walk(sub, f"{where}{key}.")
+
+    walk(cfgmod.load_schema(), "")
+
+
+@pytest.mark.parametrize("profile", ["config.yaml", "paper.yaml", "local.yaml"])
+def test_profiles_validate(profile):
+    cfg = cfgmod.load(ROOT / "config" / profile)
+    assert cfg["run_name"] == {"config.yaml": "tiny", "paper.yaml": "paper", "local.yaml": "local"}[profile]
+
+
+def test_paper_profile_pins_revisions_and_study_settings():
+    cfg = cfgmod.load(ROOT / "config" / "paper.yaml")
+    assert len(cfg["model"]["revision"]) == 40 and len(cfg["data"]["revision"]) == 40
+    assert cfg["model"]["repo_id"] == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert cfg["data"]["repo_id"] == "openai/gsm8k" and cfg["data"]["config_name"] == "main"
+    assert cfg["engine"]["dtype"] == "fp16"
+    assert cfg["eval"]["max_new_tokens"] == 512 and cfg["eval"]["num_problems"] is None
+
+
+@pytest.mark.parametrize("bad, culprit", [
+    ({"modle": {}}, "'modle'"),
+    ({"model": {"tiny": {"hidden_sise": 8}}}, "'model.tiny.hidden_sise'"),
+    ({"model": {"tiny": {"hidden_size": "wide"}}}, "'model.tiny.hidden_size'"),
+    ({"seed": 1.5}, "'seed'"),
+    ({"engine": {"dtype": "fp8"}}, "'engine.dtype'"),
+    ({"model": {"source": "gguf"}, "data": {"source": "local", "train_path": "a", "test_path": "b"}},
+     "'model.path'"),
+    ({"data": {"source": "local"}, "model": {"source": "gguf", "path": "x.gguf"}}, "'data.train_path'"),
+])
+def test_bad_config_names_the_key(bad, culprit):
+    with pytest.raises(cfgmod.ConfigError) as err:
+        cfgmod.validate(bad)
+    assert culprit in str(err.value)
+
+
+def test_overrides_parse_types():
+    cfg = cfgmod.apply_overrides({}, ["eval.num_problems=5", "seed=3", "engine.dtype=bf16",
+                                      "eval.num_problems=null", "x.lr=1e-6"])
+    assert cfg["seed"] == 3 and cfg["engine"]["dtype"] == "bf16"
+    assert cfg["eval"]["num_problems"] is None and cfg["x"]["lr"] == 1e-6
+    with pytest.raises(cfgmod.ConfigError, match="key=value"):
+        cfgmod.apply_overrides({}, ["seed"])
+
+
+def test_missing_config_file_is_named(tmp_path):
+    with pytest.raises(cfgmod.ConfigError, match="nope.yaml"):
+        cfgmod.load(tmp_path / "nope.yaml")

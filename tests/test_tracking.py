@@ -1,0 +1,66 @@
+"""MLflow tracking: parent and child runs, params, tags, stepped metrics, hashed outputs."""
+
+import json
+
+import pytest
+
+from ratchet import config as cfgmod
+from ratchet import tracking
+
+
+@pytest.fixture
+def cfg(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("RATCHET_TRACKING", "on")
+    return cfgmod.validate({"results_dir": str(tmp_path / "results")})
+
+
+def test_stage_runs_nest_under_one_parent(cfg, tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv(tracking.PIPELINE_ENV, "abc123")
+    out = tmp_path / "out.json"
+    out.write_text(json.dumps({"x": 1}))
+    for stage in ("one", "two"):
+        with tracking.StageRun(stage, cfg) as run:
+            for step in range(3):
+                run.log_metrics({"train/loss": 1.0 / (step + 1)}, step=step)
+            digest = run.log_output(out)
+    tracking.end_pipeline(cfg["results_dir"], "FINISHED")
+
+    client = MlflowClient(tracking.tracking_uri(tmp_path / "results"))
+    exp = client.get_experiment_by_name("ratchet")
+    runs = client.search_runs([exp.experiment_id])
+    parents = [r for r in runs if "ratchet.pipeline_id" in r.data.tags]
+    children = [r for r in runs if "ratchet.stage" in r.data.tags]
+    assert len(parents) == 1 and len(children) == 2
+    assert parents[0].info.status == "FINISHED"
+    for child in children:
+        assert child.data.tags["mlflow.parentRunId"] == parents[0].info.run_id
+        assert child.data.params["model.source"] == "tiny"
+        assert child.data.tags["git.commit"]
+        assert child.data.tags["sha256.out.json"] == digest
+        history = client.get_metric_history(child.info.run_id, "train/loss")
+        assert [m.step for m in history] == [0, 1, 2]
+        assert child.info.status == "FINISHED"
+
+
+def test_failed_stage_is_marked_failed(cfg, tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.delenv(tracking.PIPELINE_ENV, raising=False)
+    with pytest.raises(RuntimeError):
+        with tracking.StageRun("boom", cfg):
+            raise RuntimeError("stage failed")
+    client = MlflowClient(tracking.tracking_uri(tmp_path / "results"))
+    (run,) = client.search_runs([client.get_experiment_by_name("ratchet").experiment_id])
+    assert run.info.status == "FAILED" and "mlflow.parentRunId" not in run.data.tags
+
+
+def test_directory_hash_changes_with_content(tmp_path):
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "a").write_text("1")
+    h1 = tracking.sha256_of(d)
+    (d / "a").write_text("2")
+    assert tracking.sha256_of(d) != h1
