@@ -14,7 +14,7 @@ def download_data(cfg: dict, run) -> None:
 
         s = d["synthetic"]
         train, test = make_arithmetic(s["num_train"], s["num_test"], seed=cfg["seed"],
-                                      max_operand=s["max_operand"])
+                                      max_operand=s["max_operand"], op=s["op"])
     elif d["source"] == "hub":
         from ratchet.data.gsm8k import load_gsm8k_hub
 
