@@ -1,0 +1,93 @@
+"""The backend protocol: what the engine asks of a model runner (NumPy now, CUDA later).
+
+The engine owns scheduling and the sampling recipe; a backend owns the weights and the KV
+cache and runs the model. It never sees a Request, only slots, token ids and positions.
+
+Contract
+- Construction: `Backend(cfg, dtype, max_batch_size, max_seq_len)`. `dtype` ("fp32", "fp16",
+  "bf16") is the storage dtype of weights and KV cache; activations are stored in it too,
+  as the CUDA kernels store them. Slots are 0 .. max_batch_size - 1; a slot holds the KV
+  cache of one sequence, positions 0 .. max_seq_len - 1.
+- `load_weights(weights)`: every engine tensor (names and shapes of
+  `ratchet.model.layout.expected_shapes(cfg)`), float32 arrays on the dtype's grid. The
+  backend copies them: later changes to the caller's arrays do not reach it.
+- `update_weights(weights)`: any subset of the names, shapes checked, written in place
+  (the CUDA backend keeps its buffers, so a weight sync allocates nothing). Drops every
+  cached state computed with the old weights: all slots are empty afterwards.
+- `prefill(slot, token_ids, start_pos) -> float32 [V]`: writes k, v of `token_ids` at
+  positions start_pos .. start_pos + len - 1 of `slot` (positions below start_pos must hold
+  this sequence already: start_pos > 0 appends) and returns the logits of the last
+  position, as a NumPy array. The LM head runs on that position only.
+- `prefill_batch(slots, token_lists, start_positions=None) -> float32 [n, V]`: `prefill` of
+  several sequences (distinct slots, start positions default 0); a GPU backend packs them
+  into one pass. The engine prefills through this.
+- `decode(slots, tokens, positions) -> float32 [B, V]`: one token per slot (slots distinct),
+  token b at position positions[b] (which must be <= that slot's cached length: it appends,
+  or rewrites the tail); writes its k, v and returns the logits of every row.
+- `decode_sample(slots, tokens, positions, seeds, request_ids, token_indices, temperatures,
+  greedy) -> (tokens int64 [B], logprobs float32 [B])`: `decode`, then
+  `ratchet.engine.sampler.sample` on its logits. The engine decodes through this, so a GPU
+  backend samples where the logits are (B x 150k Philox draws a step are too many for
+  NumPy, and copying the logits back costs more than the tokens) with the same recipe.
+- `free(slot)`: the slot's cache is empty; the next prefill on it starts at 0.
+- `reset()`: every slot empty, and any other cached state (e.g. a prefix cache) dropped.
+
+Reproducibility: the NumPy backend gives a row's logits bit for bit independent of the other
+rows, of the slot, and of whether its cache was filled by prefill or by decode steps, which
+makes batching and cancel/resume invisible in the output. A GPU backend should at least be
+deterministic run to run (its cuBLAS products may let a row's last bits follow the batch).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Protocol, Sequence
+
+import numpy as np
+
+from ratchet.model.config import ModelConfig
+
+BACKENDS = ("numpy", "cuda")
+
+
+class Backend(Protocol):
+    cfg: ModelConfig
+    dtype: str
+    max_batch_size: int
+    max_seq_len: int
+
+    def load_weights(self, weights: Mapping[str, np.ndarray]) -> None: ...
+
+    def update_weights(self, weights: Mapping[str, np.ndarray]) -> None: ...
+
+    def prefill(self, slot: int, token_ids: Sequence[int], start_pos: int = 0) -> np.ndarray: ...
+
+    def prefill_batch(self, slots: Sequence[int], token_lists: Sequence[Sequence[int]],
+                      start_positions: Sequence[int] | None = None) -> np.ndarray: ...
+
+    def decode(self, slots: Sequence[int], tokens: Sequence[int],
+               positions: Sequence[int]) -> np.ndarray: ...
+
+    def decode_sample(self, slots: Sequence[int], tokens: Sequence[int], positions: Sequence[int],
+                      seeds, request_ids, token_indices, temperatures,
+                      greedy) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def free(self, slot: int) -> None: ...
+
+    def reset(self) -> None: ...
+
+
+def make_backend(name: str, cfg: ModelConfig, dtype: str, max_batch_size: int,
+                 max_seq_len: int) -> Backend:
+    """The backend called `name`, empty (no weights yet)."""
+    if name == "numpy":
+        from ratchet.engine.numpy.backend import NumpyBackend
+
+        return NumpyBackend(cfg, dtype, max_batch_size, max_seq_len)
+    if name == "cuda":
+        try:
+            from ratchet.engine.cuda.backend import CudaBackend
+        except ImportError as e:
+            raise ImportError(f"the cuda backend cannot be loaded ({e}); it needs CuPy and a GPU "
+                              "(pip install 'ratchet[cuda]')") from e
+        return CudaBackend(cfg, dtype, max_batch_size, max_seq_len)
+    raise ValueError(f"unknown engine backend {name!r}; expected one of {BACKENDS}")

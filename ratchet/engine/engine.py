@@ -1,0 +1,222 @@
+"""The engine: continuous batching over a backend, with batch-independent sampling.
+
+    engine = Engine(load_engine_model(model_dir), backend="numpy", max_batch_size=64)
+    done = engine.generate([Request(0, prompt_ids, max_new_tokens=256, seed=1)])
+
+Each `step()` admits waiting requests into free slots (prefill, then their first token) and
+runs one batched decode step for every running sequence. Tokens are drawn by Gumbel-max with
+noise keyed by (seed, request_id, token index), so a request's output does not depend on
+what else is in the batch, and a cancelled request resumed later (`add` it again) continues
+with the tokens it would have drawn.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+import numpy as np
+
+from ratchet.engine.backend import make_backend
+from ratchet.engine.request import Request
+from ratchet.engine.sampler import sample
+from ratchet.engine.scheduler import Scheduler, Sequence
+
+DEFAULT_MAX_SEQ_LEN = 4096
+
+
+@dataclass
+class EngineStats:
+    num_generated_tokens: int = 0
+    num_prefill_tokens: int = 0  # prompt (and resumed output) tokens run through prefill
+    num_decode_steps: int = 0
+    wall_time_s: float = 0.0  # inside step()
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.num_generated_tokens / self.wall_time_s if self.wall_time_s else 0.0
+
+
+class Engine:
+    def __init__(self, model, backend: str = "numpy", max_batch_size: int = 64,
+                 max_seq_len: int | None = None, eos_ids: Iterable[int] | None = None):
+        """`model`: anything with `.cfg` (ModelConfig), `.weights` (engine names -> float32
+        arrays on the dtype grid) and `.dtype` ("fp32", "fp16", "bf16"), e.g. an EngineModel."""
+        cfg = model.cfg
+        if max_seq_len is None:
+            max_seq_len = min(cfg.max_position_embeddings, DEFAULT_MAX_SEQ_LEN)
+        if max_batch_size < 1:
+            raise ValueError(f"engine: max_batch_size must be >= 1, got {max_batch_size}")
+        if max_seq_len < 2:
+            raise ValueError(f"engine: max_seq_len must be >= 2, got {max_seq_len}")
+        self.cfg, self.dtype = cfg, model.dtype
+        self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
+        eos_ids = cfg.eos_token_ids if eos_ids is None else eos_ids
+        self.eos_ids = frozenset(int(t) for t in eos_ids)
+        self.backend_name = backend
+        self.backend = make_backend(backend, cfg, model.dtype, max_batch_size, max_seq_len)
+        self.backend.load_weights(model.weights)
+        self.scheduler = Scheduler(max_batch_size)
+        self.stats = EngineStats()
+
+    # ---------------------------------------------------------------- public API
+
+    def add(self, request: Request) -> None:
+        """Queue a new request, or a cancelled one to resume it."""
+        self._check_addable(request)
+        self.scheduler.add(request)
+
+    def step(self) -> list[Request]:
+        """Admit and prefill what fits, decode one token for every running sequence; returns
+        the requests that finished in this step."""
+        start = time.perf_counter()
+        finished = self._prefill(self.scheduler.admit())
+        finished += self._decode(list(self.scheduler.running.values()))
+        self.stats.wall_time_s += time.perf_counter() - start
+        return finished
+
+    def generate(self, requests: list[Request], progress: bool = False) -> list[Request]:
+        """Run `requests` to completion; returns them in the given order."""
+        ids = [r.request_id for r in requests]
+        if len(set(ids)) != len(ids):
+            duplicate = next(i for i in ids if ids.count(i) > 1)
+            raise ValueError(f"generate: request_id {duplicate} appears more than once")
+        for request in requests:  # check all before queueing any
+            self._check_addable(request)
+        for request in requests:
+            self.scheduler.add(request)
+        pending = set(ids)
+        bar = _progress_bar(len(requests)) if progress else None
+        generated_before, wall_before = self.stats.num_generated_tokens, self.stats.wall_time_s
+        while pending:
+            done = [r for r in self.step() if r.request_id in pending]
+            pending.difference_update(r.request_id for r in done)
+            if bar is not None:
+                tokens = self.stats.num_generated_tokens - generated_before
+                seconds = self.stats.wall_time_s - wall_before
+                bar.set_postfix(tok_s=f"{tokens / max(seconds, 1e-9):.1f}", refresh=False)
+                bar.update(len(done))
+        if bar is not None:
+            bar.close()
+        return list(requests)
+
+    def cancel(self, request_id: int) -> Request:
+        """Stop a request; it keeps its output and logprobs, finish_reason stays None."""
+        seq = self.scheduler.running.get(request_id)
+        if seq is not None:
+            self._release(seq)
+            return seq.request
+        request = self.scheduler.remove_waiting(request_id)
+        if request is None:
+            raise KeyError(f"cancel: request {request_id} is neither running nor waiting")
+        return request
+
+    def cancel_all(self) -> list[Request]:
+        """Cancel every running (in admission order), then every waiting request."""
+        ids = list(self.scheduler.running) + [r.request_id for r in self.scheduler.waiting]
+        return [self.cancel(i) for i in ids]
+
+    def update_weights(self, weights: Mapping[str, np.ndarray]) -> None:
+        """Overwrite any subset of the weights in place; drops all cached state."""
+        if not self.scheduler.is_idle:
+            busy = len(self.scheduler.running) + len(self.scheduler.waiting)
+            raise RuntimeError(f"update_weights: {busy} requests are running or waiting; "
+                               "cancel or finish them first")
+        self.backend.update_weights(weights)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.scheduler.running) + len(self.scheduler.waiting)
+
+    # ---------------------------------------------------------------- the step
+
+    def _prefill(self, admitted: list[Sequence]) -> list[Request]:
+        """Prefill the admitted sequences (prompt, + output if resuming); draw their next token."""
+        finished, ready = [], []
+        for seq in admitted:
+            reason = self._stop_reason(seq.request)  # a resumed request may have no budget left
+            if reason is not None:
+                finished.append(self._finish(seq, reason))
+            else:
+                ready.append(seq)
+        if not ready:
+            return finished
+        token_lists = [s.request.prompt + s.request.output for s in ready]
+        logits = self.backend.prefill_batch([s.slot for s in ready], token_lists)  # [n, V]
+        for seq, tokens in zip(ready, token_lists):
+            seq.num_cached_tokens = len(tokens)
+            self.stats.num_prefill_tokens += len(tokens)
+        tokens, logprobs = sample(logits, **self._sampling_params(ready))
+        return finished + self._append(ready, tokens, logprobs)
+
+    def _decode(self, running: list[Sequence]) -> list[Request]:
+        """Feed every running sequence its last token and draw the next."""
+        if not running:
+            return []
+        tokens, logprobs = self.backend.decode_sample(
+            [s.slot for s in running], [s.request.output[-1] for s in running],
+            [s.num_cached_tokens for s in running], **self._sampling_params(running))
+        for seq in running:
+            seq.num_cached_tokens += 1
+        self.stats.num_decode_steps += 1
+        return self._append(running, tokens, logprobs)
+
+    @staticmethod
+    def _sampling_params(seqs: list[Sequence]) -> dict[str, list]:
+        requests = [s.request for s in seqs]
+        return dict(seeds=[r.seed for r in requests],
+                    request_ids=[r.request_id for r in requests],
+                    token_indices=[len(r.output) for r in requests],  # resumed: same stream
+                    temperatures=[r.temperature for r in requests],
+                    greedy=[r.greedy for r in requests])
+
+    def _append(self, seqs: list[Sequence], tokens: np.ndarray,
+                logprobs: np.ndarray) -> list[Request]:
+        """Give each sequence its new token; finish those that hit eos or a length limit."""
+        self.stats.num_generated_tokens += len(seqs)
+        finished = []
+        for seq, token, logprob in zip(seqs, tokens, logprobs):
+            seq.request.output.append(int(token))
+            seq.request.logprobs.append(float(logprob))
+            reason = self._stop_reason(seq.request)
+            if reason is not None:
+                finished.append(self._finish(seq, reason))
+        return finished
+
+    def _stop_reason(self, request: Request) -> str | None:
+        if request.output and request.output[-1] in self.eos_ids:
+            return "eos"
+        if len(request.output) >= request.max_new_tokens or request.num_tokens >= self.max_seq_len:
+            return "length"
+        return None
+
+    def _finish(self, seq: Sequence, reason: str) -> Request:
+        seq.request.finish_reason = reason
+        self._release(seq)
+        return seq.request
+
+    def _release(self, seq: Sequence) -> None:
+        self.backend.free(seq.slot)
+        self.scheduler.release(seq)
+
+    def _check_addable(self, request: Request) -> None:
+        where = f"engine: request {request.request_id}"
+        if request.finish_reason is not None:
+            raise ValueError(f"{where} already finished ({request.finish_reason}); "
+                             "only unfinished or cancelled requests can be added")
+        if request.request_id in self.scheduler:
+            raise ValueError(f"{where} is already running or waiting (request ids must be unique)")
+        bad = [t for t in request.prompt + request.output if not 0 <= t < self.cfg.vocab_size]
+        if bad:
+            raise ValueError(f"{where}: token id {bad[0]} is outside the vocabulary "
+                             f"[0, {self.cfg.vocab_size})")
+        if len(request.prompt) >= self.max_seq_len:
+            raise ValueError(f"{where}: prompt of {len(request.prompt)} tokens leaves no room "
+                             f"under max_seq_len {self.max_seq_len}")
+
+
+def _progress_bar(total: int):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="req", desc="generate", dynamic_ncols=True)

@@ -1,0 +1,68 @@
+"""Token sampling: Gumbel-max over logits / T with counter-based noise, and the token's logprob.
+
+    z      = logits / T                                  float32 division, T as float32
+                                                         (T = 1 when greedy with temperature 0)
+    g      = -log(-log(u))                               float32, u from rng.uniforms_batch
+    token  = argmax(z + g)            (sampled)          first index on ties
+             argmax(logits)           (greedy)
+    logprob = (z[token] - max z) - log(sum(exp(z - max z)))
+
+Gumbel-max draws exactly from softmax(z) without sorting the vocabulary or a cumulative sum,
+and every row only reads its own logits and its own (seed, request_id, token_index) noise,
+so a token never depends on the rest of the batch.
+
+Precision of the logprob: exp(z - max z) is evaluated in float32, its sum is accumulated in
+float64 (vocabularies of 150k terms lose digits in a float32 sum), and the final
+subtraction is done in float64 and rounded once to float32.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ratchet.engine.rng import uniforms_batch
+
+
+def gumbel_noise(u: np.ndarray) -> np.ndarray:
+    return -np.log(-np.log(u))
+
+
+def scaled_logits(logits: np.ndarray, temperatures: np.ndarray, greedy: np.ndarray) -> np.ndarray:
+    """z = logits / T in float32, T = 1 for greedy rows whose temperature is 0."""
+    t = np.where(greedy & (temperatures == 0), 1.0, temperatures).astype(np.float32)
+    return logits / t[:, None]
+
+
+def token_logprobs(z: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """log_softmax(z)[b, tokens[b]] for each row, max-subtracted; float32 [B]."""
+    z_max = z.max(axis=-1, keepdims=True)  # [B, 1]
+    sum_exp = np.exp(z - z_max).astype(np.float64).sum(axis=-1)  # [B]
+    picked = np.take_along_axis(z, tokens[:, None], axis=-1)[:, 0]
+    shifted = picked.astype(np.float64) - z_max[:, 0].astype(np.float64)
+    return (shifted - np.log(sum_exp)).astype(np.float32)
+
+
+def sample(logits: np.ndarray, seeds, request_ids, token_indices, temperatures,
+           greedy) -> tuple[np.ndarray, np.ndarray]:
+    """One token per row of `logits` [B, V] -> (tokens int64 [B], logprobs float32 [B]).
+
+    seeds, request_ids, token_indices: ints [B] (the RNG key and counter); temperatures:
+    floats [B]; greedy: bools [B].
+    """
+    logits = np.asarray(logits, dtype=np.float32)
+    batch, vocab = logits.shape
+    temperatures = np.asarray(temperatures, dtype=np.float32).reshape(batch)
+    greedy = np.asarray(greedy, dtype=bool).reshape(batch)
+    if np.any(temperatures[~greedy] <= 0):
+        raise ValueError("sample: temperature must be > 0 for non-greedy rows")
+    z = scaled_logits(logits, temperatures, greedy)  # [B, V]
+
+    tokens = np.argmax(logits, axis=-1)
+    drawn = ~greedy
+    if drawn.any():  # the noise costs B*V Philox calls: only the rows that sample pay it
+        rows = np.flatnonzero(drawn)
+        u = uniforms_batch(np.asarray(seeds)[rows], np.asarray(request_ids)[rows],
+                           np.asarray(token_indices)[rows], vocab)  # [b, V]
+        tokens[rows] = np.argmax(z[rows] + gumbel_noise(u), axis=-1)
+    tokens = tokens.astype(np.int64)
+    return tokens, token_logprobs(z, tokens)
