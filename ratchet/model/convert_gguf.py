@@ -1,0 +1,180 @@
+"""llama.cpp GGUF file (qwen2 or llama) -> (ModelConfig, engine weights) and a tokenizer directory.
+
+Tensors are read with the `gguf` package and dequantised to float32 (any ggml type it knows).
+llama.cpp's converter permutes the Q and K rows of `llama` files (its RoPE kernel pairs
+neighbouring dimensions, HF's rotate-half pairs i with i + head_dim/2); we undo that, as
+transformers' `LlamaTensorProcessor` does. `qwen2` files are not permuted. The tokenizer is
+rebuilt from the metadata with transformers' own GGUF tokenizer converters.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+from ratchet.model.config import ModelConfig
+from ratchet.model.convert_hf import fuse, rename
+from ratchet.model.io import inline_chat_template
+
+# GGUF name -> engine name before fusion; `{}` is the layer index.
+WEIGHT_MAP = {
+    "token_embd.weight": "embed.weight",
+    "blk.{}.attn_norm.weight": "layers.{}.attn_norm.weight",
+    "blk.{}.attn_q.weight": "layers.{}.wq.weight",
+    "blk.{}.attn_k.weight": "layers.{}.wk.weight",
+    "blk.{}.attn_v.weight": "layers.{}.wv.weight",
+    "blk.{}.attn_q.bias": "layers.{}.wq.bias",
+    "blk.{}.attn_k.bias": "layers.{}.wk.bias",
+    "blk.{}.attn_v.bias": "layers.{}.wv.bias",
+    "blk.{}.attn_output.weight": "layers.{}.wo.weight",
+    "blk.{}.ffn_norm.weight": "layers.{}.mlp_norm.weight",
+    "blk.{}.ffn_gate.weight": "layers.{}.w_gate.weight",
+    "blk.{}.ffn_up.weight": "layers.{}.w_up.weight",
+    "blk.{}.ffn_down.weight": "layers.{}.w_down.weight",
+    "output_norm.weight": "norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+ARCHS = ("qwen2", "llama")
+
+# Control tokens llama.cpp also ends generation on (llama-vocab.cpp), whatever eos_token_id says;
+# Qwen instruct files name <|im_end|> as EOS but HF's generation_config also stops on <|endoftext|>.
+END_OF_GENERATION_TEXTS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>",
+                           "<|end_of_text|>", "<|end|>", "<end_of_turn>")
+
+
+def convert_gguf(path: str | Path, tokenizer_out_dir: str | Path) -> tuple[ModelConfig, dict[str, np.ndarray]]:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"GGUF file not found: {path}")
+    print(f"reading {path}")
+    reader = _open(path)
+    cfg = read_gguf_config(reader, path)
+    source = {t.name: _dequantize(t, path) for t in reader.tensors}
+    if cfg.arch == "llama":
+        source = {name: _unpermute_llama(name, w, cfg) for name, w in source.items()}
+    weights = fuse(rename(source, WEIGHT_MAP, cfg, str(path)), cfg, str(path))
+    write_gguf_tokenizer(path, tokenizer_out_dir)
+    return cfg, weights
+
+
+def _open(path: Path) -> gguf.GGUFReader:
+    try:
+        return gguf.GGUFReader(path)
+    except Exception as e:  # the package raises ValueError, IndexError, struct errors... on bad bytes
+        raise ValueError(f"{path}: not a readable GGUF file (truncated or corrupt?): "
+                         f"{type(e).__name__}: {e}") from None
+
+
+def _dequantize(tensor, path: Path) -> np.ndarray:
+    shape = tuple(int(d) for d in reversed(tensor.shape))  # ggml lists the fastest axis first
+    try:
+        # a plain ndarray view: slicing the reader's np.memmap costs a third more time
+        values = gguf.quants.dequantize(np.asarray(tensor.data), tensor.tensor_type)
+        return np.ascontiguousarray(values, dtype=np.float32).reshape(shape)
+    except Exception as e:
+        raise ValueError(f"{path}: cannot read tensor {tensor.name!r} "
+                         f"({tensor.tensor_type.name}, shape {shape}): {type(e).__name__}: {e}") from None
+
+
+def _unpermute_llama(name: str, w: np.ndarray, cfg: ModelConfig) -> np.ndarray:
+    """Undo llama.cpp's `LlamaModel.permute` of attn_q / attn_k (weights and biases)."""
+    if ".attn_q." in name:
+        heads = cfg.num_heads
+    elif ".attn_k." in name:
+        heads = cfg.num_kv_heads
+    else:
+        return w
+    rows = w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:])  # [heads, hd/2, 2, ...]
+    return np.ascontiguousarray(rows.swapaxes(1, 2).reshape(w.shape))
+
+
+def _metadata(reader: gguf.GGUFReader) -> dict:
+    """Scalar and string fields as Python values; arrays (the vocabulary) as their length."""
+    out = {}
+    for key, field in reader.fields.items():
+        if field.types and field.types[0] == gguf.GGUFValueType.ARRAY:
+            out[key] = len(field.data)
+        else:
+            out[key] = field.contents()
+    return out
+
+
+def read_gguf_config(reader: gguf.GGUFReader, path: Path) -> ModelConfig:
+    meta = _metadata(reader)
+    arch = meta.get("general.architecture")
+    if arch not in ARCHS:
+        raise ValueError(f"{path}: unsupported architecture {arch!r} (supported: {', '.join(ARCHS)})")
+    names = {t.name for t in reader.tensors}
+    if "rope_freqs.weight" in names:
+        raise ValueError(f"{path}: rope_freqs.weight (Llama-3 RoPE scaling baked into a table) is not "
+                         "supported; convert the HF checkpoint instead")
+    scaling = meta.get(f"{arch}.rope.scaling.type", "none")
+    if scaling != "none":
+        raise ValueError(f"{path}: RoPE scaling {scaling!r} is not supported")
+
+    def key(name, default=None):
+        value = meta.get(f"{arch}.{name}", default)
+        if value is None:
+            raise ValueError(f"{path}: missing metadata {arch}.{name}")
+        return value
+
+    hidden, heads = int(key("embedding_length")), int(key("attention.head_count"))
+    embed = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    vocab = meta.get(f"{arch}.vocab_size") or (int(embed.shape[1]) if embed is not None
+                                               else meta.get("tokenizer.ggml.tokens"))
+    return ModelConfig(
+        arch=arch,
+        vocab_size=int(vocab),
+        hidden_size=hidden,
+        intermediate_size=int(key("feed_forward_length")),
+        num_layers=int(key("block_count")),
+        num_heads=heads,
+        num_kv_heads=int(key("attention.head_count_kv", heads)),
+        head_dim=int(key("attention.key_length", hidden // heads)),
+        rope_theta=float(key("rope.freq_base", 10000.0)),
+        rms_norm_eps=float(key("attention.layer_norm_rms_epsilon")),
+        # llama.cpp writes output.weight only when the head is not the embedding
+        tie_word_embeddings="output.weight" not in names,
+        qkv_bias="blk.0.attn_q.bias" in names,
+        max_position_embeddings=int(key("context_length", 32768)),
+        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+        eos_token_ids=_eos_ids(reader, meta),
+        pad_token_id=meta.get("tokenizer.ggml.padding_token_id"),
+    )
+
+
+def _eos_ids(reader: gguf.GGUFReader, meta: dict) -> list[int]:
+    ids = [int(meta[k]) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+                                  "tokenizer.ggml.eom_token_id") if meta.get(k) is not None]
+    tokens, types = reader.fields.get("tokenizer.ggml.tokens"), reader.fields.get("tokenizer.ggml.token_type")
+    if tokens is not None and types is not None:
+        control = int(gguf.TokenType.CONTROL)
+        for i, type_index in enumerate(types.data):
+            if int(types.parts[type_index][0]) != control:
+                continue
+            if tokens.contents(i) in END_OF_GENERATION_TEXTS and i not in ids:
+                ids.append(i)
+    return ids
+
+
+def write_gguf_tokenizer(path: Path, out_dir: str | Path) -> None:
+    """tokenizer.json + tokenizer_config.json (with chat_template) rebuilt from GGUF metadata."""
+    from transformers import PreTrainedTokenizerFast
+    from transformers.integrations.gguf import convert_gguf_tokenizer, get_gguf_tokenizer
+
+    try:
+        arch, tokenizer_dict, tokenizer_config = get_gguf_tokenizer(str(path))
+    except Exception as e:
+        raise ValueError(f"{path}: cannot read the tokenizer metadata: {type(e).__name__}: {e}") from None
+    backend, extra = convert_gguf_tokenizer(arch, tokenizer_dict)
+    tokenizer_config = {k: v for k, v in (tokenizer_config | extra).items() if v is not None}
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, **tokenizer_config)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(out_dir)
+    inline_chat_template(out_dir)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        print(f"wrote {out_dir / name}")

@@ -1,0 +1,188 @@
+"""Policy.token_logprobs against plain references: full logits, other chunkings, lone rows,
+pre-rounded weights (the straight-through fix) and direct entropy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from ratchet.model.config import ModelConfig
+from ratchet.model.dtypes import round_to
+from ratchet.model.layout import expected_shapes
+from ratchet.trainer.policy import Policy
+
+VOCAB = 50
+
+
+def make_cfg(tied: bool = False) -> ModelConfig:
+    return ModelConfig(arch="qwen2", vocab_size=VOCAB, hidden_size=32, intermediate_size=48,
+                       num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, rope_theta=10000.0,
+                       tie_word_embeddings=tied, qkv_bias=True)
+
+
+def random_weights(cfg: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, shape in expected_shapes(cfg).items():
+        noise = rng.standard_normal(shape).astype(np.float32)
+        out[name] = 1 + 0.1 * noise if "norm" in name else 0.3 * noise
+    return out
+
+
+def make_policy(tied: bool = False, weights=None) -> Policy:
+    cfg = make_cfg(tied)
+    policy = Policy(cfg)
+    policy.load_weights(random_weights(cfg) if weights is None else weights)
+    return policy
+
+
+def random_batch(seed: int = 0, rows: int = 4):
+    rng = np.random.default_rng(seed)
+    prompts = [rng.integers(0, VOCAB, rng.integers(1, 9)).tolist() for _ in range(rows)]
+    responses = [rng.integers(0, VOCAB, rng.integers(1, 12)).tolist() for _ in range(rows)]
+    return prompts, responses
+
+
+def reference_logprobs(policy: Policy, prompts, responses, temperature=1.0):
+    """Row by row, no padding: full logits, log_softmax, gather; and the entropies."""
+    out, entropies = [], []
+    for prompt, response in zip(prompts, responses):
+        ids = torch.tensor([prompt + response])
+        logp = torch.log_softmax(policy.logits(ids)[0].float() / temperature, dim=-1)  # [T, V]
+        pos = torch.arange(len(prompt) - 1, len(prompt) - 1 + len(response))
+        out.append(logp[pos, torch.tensor(response)])
+        entropies.append(-(logp[pos].exp() * logp[pos]).sum(-1))
+    return out, entropies
+
+
+def max_diff(a: torch.Tensor, b: torch.Tensor, label: str = "") -> float:
+    d = (a - b).abs()
+    print(f"{label} max |diff| = {d.max().item():.2e}, mean = {d.mean().item():.2e}")
+    return d.max().item()
+
+
+def test_state_dict_keys_are_engine_names():
+    for tied in (False, True):
+        policy = make_policy(tied)
+        assert list(policy.state_dict()) == list(expected_shapes(policy.cfg))
+        exported = policy.export_weights()
+        assert list(exported) == list(expected_shapes(policy.cfg))
+        assert all(t.dtype == torch.float32 and not t.requires_grad for t in exported.values())
+        again = Policy(policy.cfg)
+        again.load_weights(exported)
+        assert all(torch.equal(again.state_dict()[k], v) for k, v in exported.items())
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_token_logprobs_equal_full_log_softmax(tied):
+    policy = make_policy(tied)
+    prompts, responses = random_batch(1)
+    with torch.no_grad():
+        logprobs, mask, entropy = policy.token_logprobs(prompts, responses, temperature=0.7,
+                                                        with_entropy=True)
+        ref, ref_entropy = reference_logprobs(policy, prompts, responses, temperature=0.7)
+    assert logprobs.dtype == torch.float32 and mask.dtype == torch.bool
+    assert mask.sum(1).tolist() == [len(r) for r in responses]
+    assert (logprobs[~mask] == 0).all() and (entropy[~mask] == 0).all()
+    for b in range(len(prompts)):
+        n = len(responses[b])
+        assert max_diff(logprobs[b, :n], ref[b], "logprob") <= 1e-5
+        assert max_diff(entropy[b, :n], ref_entropy[b], "entropy") <= 1e-5
+
+
+def test_chunk_size_does_not_change_the_answer():
+    policy = make_policy()
+    prompts, responses = random_batch(2)
+    with torch.no_grad():
+        big, _, big_entropy = policy.token_logprobs(prompts, responses, chunk_size=10_000,
+                                                    with_entropy=True)
+        for chunk in (1, 3):
+            small, _, small_entropy = policy.token_logprobs(prompts, responses, chunk_size=chunk,
+                                                            with_entropy=True)
+            assert max_diff(small, big, f"chunk {chunk}") <= 1e-5  # a matvec vs a matmul: an ulp or two
+            assert max_diff(small_entropy, big_entropy, f"chunk {chunk} entropy") <= 1e-5
+
+
+def test_row_alone_equals_row_in_padded_batch():
+    policy = make_policy()
+    prompts, responses = [[3, 4], [5] * 9, [6, 7, 8]], [[9, 10, 11], [12] * 14, [13]]
+    with torch.no_grad():
+        batch, _, _ = policy.token_logprobs(prompts, responses)
+        for b in range(3):
+            alone, _, _ = policy.token_logprobs(prompts[b:b + 1], responses[b:b + 1])
+            assert max_diff(batch[b, :len(responses[b])], alone[0], f"row {b}") <= 1e-5
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_weight_dtype_equals_prerounded_policy(dtype):
+    weights = random_weights(make_cfg())
+    masters = make_policy(weights=weights)
+    rounded = make_policy(weights={k: round_to(v, dtype) for k, v in weights.items()})
+    prompts, responses = random_batch(3)
+    with torch.no_grad():
+        ours, _, _ = masters.token_logprobs(prompts, responses, weight_dtype=dtype)
+        ref, _, _ = rounded.token_logprobs(prompts, responses)
+        fp32, _, _ = masters.token_logprobs(prompts, responses)
+    assert max_diff(ours, ref, f"{dtype} weights") == 0.0
+    assert max_diff(ours, fp32, f"{dtype} vs fp32 weights") > 0  # the rounding did happen
+
+
+def test_straight_through_gradient_lands_on_fp32_masters():
+    weights = random_weights(make_cfg())
+    masters = make_policy(weights=weights)
+    rounded = make_policy(weights={k: round_to(v, "fp16") for k, v in weights.items()})
+    prompts, responses = random_batch(4)
+    for policy, dtype in ((masters, "fp16"), (rounded, "fp32")):
+        logprobs, mask, entropy = policy.token_logprobs(prompts, responses, weight_dtype=dtype,
+                                                        chunk_size=5, with_entropy=True)
+        (logprobs[mask].sum() + 0.1 * entropy[mask].sum()).backward()
+    worst = 0.0
+    for name, p in masters.named_parameters():
+        assert p.dtype == torch.float32 and p.grad is not None, name
+        ref = dict(rounded.named_parameters())[name].grad
+        worst = max(worst, ((p.grad - ref).abs().max() / ref.abs().max()).item())
+    print(f"straight-through grad: max relative |diff| over parameters = {worst:.2e}")
+    assert worst <= 1e-6
+    # and the masters themselves were not rounded
+    assert torch.equal(masters.state_dict()["layers.0.wqkv.weight"],
+                       torch.from_numpy(weights["layers.0.wqkv.weight"]))
+
+
+def test_grad_path_values_equal_no_grad_path():
+    policy = make_policy()
+    prompts, responses = random_batch(5)
+    with_grad, _, _ = policy.token_logprobs(prompts, responses, chunk_size=4)
+    with torch.no_grad():
+        without, _, _ = policy.token_logprobs(prompts, responses, chunk_size=4)
+    assert with_grad.requires_grad
+    assert max_diff(with_grad.detach(), without, "checkpointed") == 0.0
+
+
+@pytest.mark.parametrize("weight_dtype,compute_dtype,bound", [
+    ("fp32", "bf16", 0.2), ("fp32", "fp16", 0.05), ("fp16", "fp16", 0.05), ("bf16", "bf16", 0.2)])
+def test_autocast_runs_and_differs_slightly(weight_dtype, compute_dtype, bound):
+    policy = make_policy()
+    prompts, responses = random_batch(6)
+    with torch.no_grad():
+        fp32, mask, _ = policy.token_logprobs(prompts, responses)
+    low, _, entropy = policy.token_logprobs(prompts, responses, weight_dtype=weight_dtype,
+                                            compute_dtype=compute_dtype, with_entropy=True)
+    assert low.dtype == torch.float32 and torch.isfinite(low).all() and torch.isfinite(entropy).all()
+    diff = max_diff(low.detach()[mask], fp32[mask], f"{weight_dtype} weights, {compute_dtype} compute")
+    assert 0 < diff < bound
+    low[mask].sum().backward()  # the gradient reaches the fp32 masters through autocast too
+    assert policy.layers[0].wqkv.weight.grad.dtype == torch.float32
+
+
+def test_temperature_zero_scores_at_one_and_bad_inputs():
+    policy = make_policy()
+    prompts, responses = random_batch(7)
+    with torch.no_grad():
+        zero, _, _ = policy.token_logprobs(prompts, responses, temperature=0.0)
+        one, _, _ = policy.token_logprobs(prompts, responses, temperature=1.0)
+    assert torch.equal(zero, one)
+    with pytest.raises(ValueError, match="row 1: empty prompt"):
+        policy.token_logprobs([[1], []], [[2], [3]])
+    with pytest.raises(ValueError, match="unknown dtype"):
+        policy.token_logprobs([[1]], [[2]], weight_dtype="fp8")
