@@ -1,0 +1,109 @@
+"""The pipeline end to end on the tiny default: Snakemake, MLflow, reruns, bad inputs.
+
+Runs the real `snakemake` in a temporary working directory (outputs under tmp/results), so
+the checkout's own results/ is never touched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+FIRST_HALF = ["download_model", "download_data", "convert_weights", "build_engine", "eval_baseline"]
+
+
+def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MLFLOW_TRACKING_URI", "RATCHET_PIPELINE_ID", "RATCHET_CONFIG_JSON")}
+    env["RATCHET_TRACKING"] = "on"
+    cmd = [*SNAKEMAKE, "--snakefile", str(ROOT / "Snakefile"), "--directory", str(workdir),
+           "--configfile", str(ROOT / "config" / "config.yaml"), "--cores", "2", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"snakemake failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def outputs_mtimes(results: Path) -> dict[str, float]:
+    return {str(p.relative_to(results)): p.stat().st_mtime_ns
+            for p in results.rglob("*") if p.is_file() and "logs" not in p.parts
+            and "benchmarks" not in p.parts and p.suffix in (".json", ".parquet", ".safetensors")}
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory):
+    work = tmp_path_factory.mktemp("pipeline")
+    proc = snakemake(work, "--", *FIRST_HALF)
+    return work, proc
+
+
+@pytest.mark.slow
+def test_first_half_runs_and_writes_every_output(pipeline):
+    work, _ = pipeline
+    run = work / "results" / "tiny"
+    for rel in ["source/source.json", "data/train.parquet", "data/test.parquet",
+                "model/model.safetensors", "model/manifest.json", "model/config.json",
+                "model/tokenizer.json", "engine/build.json", "eval/baseline.json",
+                "eval/baseline_answers.parquet"]:
+        assert (run / rel).is_file(), rel
+    build = json.loads((run / "engine" / "build.json").read_text())
+    assert build["backend"] == "numpy" and build["selftest"]["passed"]
+    baseline = json.loads((run / "eval" / "baseline.json").read_text())
+    for key in ("accuracy", "format_rate", "truncated_share", "mean_tokens", "tokens_per_s", "n"):
+        assert key in baseline
+    assert baseline["n"] == 200
+
+
+@pytest.mark.slow
+def test_mlflow_holds_one_parent_and_a_child_per_rule(pipeline):
+    from mlflow.tracking import MlflowClient
+
+    work, _ = pipeline
+    client = MlflowClient(f"sqlite:///{work / 'results' / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("ratchet").experiment_id])
+    parents = [r for r in runs if "ratchet.pipeline_id" in r.data.tags]
+    children = [r for r in runs if "ratchet.stage" in r.data.tags]
+    assert len(parents) == 1
+    assert sorted(r.data.tags["ratchet.stage"] for r in children) == sorted(FIRST_HALF)
+    assert all(r.data.tags["mlflow.parentRunId"] == parents[0].info.run_id for r in children)
+    assert all(r.info.status == "FINISHED" for r in runs)
+    evals = [r for r in children if r.data.tags["ratchet.stage"] == "eval_baseline"]
+    assert "eval/accuracy" in evals[0].data.metrics
+
+
+@pytest.mark.slow
+def test_second_invocation_runs_nothing_and_forcerun_reruns_one_rule(pipeline):
+    work, _ = pipeline
+    results = work / "results" / "tiny"
+    before = outputs_mtimes(results)
+    again = snakemake(work, "--", *FIRST_HALF)
+    assert "Nothing to be done" in again.stdout + again.stderr
+    assert outputs_mtimes(results) == before
+
+    forced = snakemake(work, "--forcerun", "eval_baseline", "--", *FIRST_HALF)
+    after = outputs_mtimes(results)
+    changed = {k for k in before if after.get(k) != before[k]}
+    assert changed == {"eval/baseline.json", "eval/baseline_answers.parquet"}, forced.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_unknown_config_key_fails_before_any_rule(tmp_path):
+    proc = snakemake(tmp_path, "--config", "modle=x", check=False)
+    assert proc.returncode != 0
+    assert "unknown key 'modle'" in proc.stderr + proc.stdout
+    assert not (tmp_path / "results" / "tiny").exists()
+
+
+@pytest.mark.slow
+def test_lint_is_clean():
+    proc = subprocess.run([*SNAKEMAKE, "--snakefile", str(ROOT / "Snakefile"), "--lint"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Congratulations" in proc.stdout + proc.stderr
