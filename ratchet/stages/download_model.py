@@ -1,7 +1,8 @@
 """download_model: fetch or make the source model, and record where it is.
 
 Writes `results/<run>/source/source.json` last, naming the kind (hf or gguf), the path to
-convert from and the SHA-256 of the inputs; for `tiny` and `hub` the files live beside it.
+convert from and the SHA-256 of the inputs. The tiny model is written beside it; a hub model
+stays in the Hugging Face cache; local files stay where they are.
 """
 
 from __future__ import annotations
@@ -36,13 +37,19 @@ def _make_tiny(cfg: dict, out: Path) -> Path:
     return out / "hf"
 
 
-def _from_hub(cfg: dict, out: Path) -> Path:
+def _from_hub(cfg: dict) -> Path:
+    """The pinned snapshot in the Hugging Face cache (HF_HOME / HF_HUB_CACHE): downloaded
+    once, shared by every run, never copied into results/."""
     from huggingface_hub import snapshot_download
 
     m = cfg["model"]
-    print(f"[download_model] snapshot_download {m['repo_id']}@{m['revision']} -> {out / 'hf'}")
-    path = snapshot_download(repo_id=m["repo_id"], revision=m["revision"],
-                             local_dir=out / "hf", allow_patterns=HUB_PATTERNS)
+    print(f"[download_model] snapshot_download {m['repo_id']}@{m['revision']}")
+    try:
+        path = snapshot_download(repo_id=m["repo_id"], revision=m["revision"],
+                                 allow_patterns=HUB_PATTERNS)
+    except Exception as e:  # the hub client's errors are many; name the repo and revision
+        raise RuntimeError(f"download_model: cannot get {m['repo_id']}@{m['revision']} from the "
+                           f"Hugging Face hub or its cache: {type(e).__name__}: {e}") from e
     return Path(path)
 
 
@@ -56,7 +63,7 @@ def download_model(cfg: dict, run) -> None:
     if source == "tiny":
         kind, path = "hf", _make_tiny(cfg, out)
     elif source == "hub":
-        kind, path = "hf", _from_hub(cfg, out)
+        kind, path = "hf", _from_hub(cfg)
     else:
         path = Path(cfg["model"]["path"]).expanduser().resolve()
         kind = "gguf" if source == "gguf" else "hf"
