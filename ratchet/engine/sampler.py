@@ -2,7 +2,8 @@
 
     z      = logits / T                                  float32 division, T as float32
                                                          (T = 1 when greedy with temperature 0)
-    g      = -log(-log(u))                               float32, u from rng.uniforms_batch
+    g      = float32(-log(-log(u)))                      evaluated in float64, u from
+                                                         rng.uniforms_batch
     token  = argmax(z + g)            (sampled)          first index on ties
              argmax(logits)           (greedy)
     logprob = (z[token] - max z) - log(sum(exp(z - max z)))
@@ -24,7 +25,13 @@ from ratchet.engine.rng import uniforms_batch
 
 
 def gumbel_noise(u: np.ndarray) -> np.ndarray:
-    return -np.log(-np.log(u))
+    """Gumbel noise in float32, computed in float64 and rounded once.
+
+    NumPy's float32 log is not correctly rounded and its last bit depends on the CPU's vector
+    instructions; in float64 the error sits far below float32's rounding step, so the rounded
+    noise is the same on every machine (and the CUDA sampler's table of it is too)."""
+    u = np.asarray(u, dtype=np.float64)
+    return (-np.log(-np.log(u))).astype(np.float32)
 
 
 def scaled_logits(logits: np.ndarray, temperatures: np.ndarray, greedy: np.ndarray) -> np.ndarray:

@@ -31,27 +31,28 @@ def build_engine(cfg: dict, run) -> None:
     e = cfg["engine"]
     backend = resolve_backend(e["backend"])
     record: dict = {"backend": backend, "dtype": e["dtype"], "device": describe()}
+    model = load_engine_model(paths.model)
+    cfg_m = model.cfg
     if backend == "cuda":
         from ratchet.engine.cuda import loader, selftest
 
         t0 = time.perf_counter()
-        kernels = selftest.selftest()
+        # fresh random inputs every build, at this model's attention shape; raises on a mismatch
+        kernels = selftest.selftest(e["dtype"], shapes=((cfg_m.head_dim, cfg_m.num_heads,
+                                                          cfg_m.num_kv_heads),))
         record["kernels"] = {"compile_and_test_s": time.perf_counter() - t0,
                              "source_sha256": loader.source_hashes(), "selftest": kernels}
-        if not kernels.get("passed", False):
-            raise RuntimeError(f"build_engine: CUDA kernel self-test failed: {json.dumps(kernels)}")
+        print(selftest.format_results(kernels))
 
-    model = load_engine_model(paths.model)
     engine = Engine(model, backend=backend, max_batch_size=e["max_batch_size"],
                     max_seq_len=e["max_seq_len"])
-    cfg_m = model.cfg
     prompts = random_prompts(cfg_m.vocab_size, NUM_PROMPTS, 16, seed=cfg["seed"],
                              avoid=tuple(cfg_m.eos_token_ids))
     t0 = time.perf_counter()
     reqs = sample(engine, prompts, max_new_tokens=max(1, e["selftest_tokens"] // NUM_PROMPTS),
                   seed=cfg["seed"])
     sample_s = time.perf_counter() - t0
-    policy = Policy.from_engine_model(model)
+    policy = Policy.from_weights(cfg_m, model.weights, device="cuda" if backend == "cuda" else "cpu")
     same_weights = compare(policy, reqs, prefix="selftest/")
     checks = {"fp32_arithmetic": same_weights}
     if e["dtype"] != "fp32":

@@ -1,0 +1,401 @@
+"""The CUDA backend: the model forward on one GPU, through CuPy, cuBLAS and kernels/*.cu.
+
+Same numbers as the NumPy backend (ratchet/engine/numpy/backend.py) up to fp32 summation
+order: weights and KV cache in the engine dtype (fp16 by default, bf16, fp32), products with
+fp32 accumulation (cuBLAS gemmEx, no TF32), activations stored in the engine dtype at the
+same points (embedding, residual after each add, norm outputs, qkv after bias and q/k after
+RoPE, attention output, wo / gate_up / SwiGLU / w_down outputs), logits fp32.
+
+- Weights live in one buffer per engine tensor; `update_weights` writes into them in place
+  (NumPy arrays from the host, or torch CUDA tensors through DLPack, rounded on the GPU), so
+  the captured graphs stay valid and a weight sync allocates nothing.
+- KV cache [layers, slots + 1, 2, kv_heads, max_seq, head_dim]; the extra slot takes the
+  padding rows of a decode bucket.
+- Decode: one CUDA graph per batch bucket (1, 2, 4, ..., the next power of two >= max batch)
+  over static buffers; a step uploads its inputs in one copy and replays the graph.
+  `decode_sample` (what the engine calls) captures the sampler (kernels/sampler.cu) in the
+  same graph, so only tokens and logprobs cross to the host; `decode` returns the logits
+  (NumPy, or CuPy with device=True) and `sample` draws from logits on the GPU.
+- Prefill: any number of sequences packed into one pass (`prefill_batch`), up to
+  `prefill_chunk` rows a pass; the LM head runs only on each sequence's last row.
+
+Rows of a decode step go through cuBLAS products of the bucket's size, so a row's last bits
+can depend on the bucket (the NumPy backend is batch-invariant; this one is run-to-run
+deterministic).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Mapping, Sequence
+
+import cupy as cp
+import numpy as np
+
+from ratchet.engine.cuda import sampler as gpu_sampler
+from ratchet.engine.cuda import sync
+from ratchet.engine.cuda.ops import STORAGE, Ops, decode_split
+from ratchet.model.config import ModelConfig
+from ratchet.model.dtypes import fp32_to_bf16_bits, round_to
+from ratchet.model.layout import DTYPES, check_weights, expected_shapes, rope_tables
+
+PREFILL_CHUNK = 4096  # rows per prefill pass: bounds the activation buffers
+# int32 fields of a decode step's one upload: the model's inputs, then the sampler's params
+TOKENS, SLOTS, POSITIONS, SEQ_LENS, PARAMS = 0, 1, 2, 3, 4
+NUM_FIELDS = 9
+
+
+def buckets_for(max_batch_size: int) -> list[int]:
+    out = [1]
+    while out[-1] < max_batch_size:
+        out.append(out[-1] * 2)
+    return out
+
+
+class _Workspace:
+    """Activation buffers for up to `rows` rows (views of the first b rows are contiguous)."""
+
+    def __init__(self, cfg: ModelConfig, storage, rows: int, head_rows: int, nsplit: int = 0):
+        d, hd = cfg.hidden_size, cfg.head_dim
+        group = cfg.num_heads // cfg.num_kv_heads
+        self.ints = cp.zeros((NUM_FIELDS, rows), dtype=np.int32)
+        self.x = cp.empty((rows, d), dtype=storage)  # residual stream
+        self.h = cp.empty((rows, d), dtype=storage)  # norm output
+        self.qkv = cp.empty((rows, cfg.qkv_size), dtype=np.float32)
+        self.q = cp.empty((rows, cfg.num_heads * hd), dtype=storage)
+        self.att = cp.empty((rows, cfg.num_heads * hd), dtype=storage)
+        self.proj = cp.empty((rows, d), dtype=storage)  # wo and w_down outputs
+        self.gu = cp.empty((rows, 2 * cfg.intermediate_size), dtype=storage)
+        self.act = cp.empty((rows, cfg.intermediate_size), dtype=storage)
+        self.logits = cp.empty((head_rows, cfg.vocab_size), dtype=np.float32)
+        if nsplit:
+            self.part_acc = cp.empty((rows, cfg.num_kv_heads, nsplit, group, hd), dtype=np.float32)
+            self.part_ml = cp.empty((rows, cfg.num_kv_heads, nsplit, group, 2), dtype=np.float32)
+            self.sample_work = gpu_sampler.workspace(rows)
+        self.out = cp.zeros((2, rows), dtype=np.int32)  # sampled tokens, logprobs (float32 bits)
+
+
+class CudaBackend:
+    def __init__(self, cfg: ModelConfig, dtype: str = "fp16", max_batch_size: int = 64,
+                 max_seq_len: int = 4096, use_graphs: bool = True, prefill_chunk: int = PREFILL_CHUNK):
+        if dtype not in DTYPES:
+            raise ValueError(f"cuda backend: dtype {dtype!r} is not one of {DTYPES}")
+        hd, group = cfg.head_dim, cfg.num_heads // cfg.num_kv_heads
+        if hd % 8 or hd > 128 or (hd > 64 and hd % 64):
+            raise ValueError(f"cuda backend: head_dim {hd} unsupported (multiples of 8 up to 64, or 128)")
+        self.cfg, self.dtype = cfg, dtype
+        self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
+        self.use_graphs, self.prefill_chunk = use_graphs, prefill_chunk
+        self.storage = np.dtype(STORAGE[dtype])
+        self.ops = Ops(dtype, hd, group)
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        self.scratch_slot = max_batch_size
+        with self.stream:
+            self.kv = cp.zeros((cfg.num_layers, max_batch_size + 1, 2, cfg.num_kv_heads, max_seq_len, hd),
+                               dtype=self.storage)
+            cos, sin = rope_tables(cfg, max_seq_len)
+            self.rope_cos, self.rope_sin = cp.asarray(cos), cp.asarray(sin)
+            self.buckets = buckets_for(max_batch_size)
+            self.split_len, self.nsplit = decode_split(max_seq_len)
+            self.dec = _Workspace(cfg, self.storage, self.buckets[-1], self.buckets[-1], self.nsplit)
+            self.gumbel = gpu_sampler.gumbel_table()
+        self.stream.synchronize()
+        self.kv_layers = [self.kv[i] for i in range(cfg.num_layers)]
+        self.host_ints = cp.cuda.alloc_pinned_memory(NUM_FIELDS * self.buckets[-1] * 4)
+        self.host_ints_np = np.frombuffer(self.host_ints, np.int32, NUM_FIELDS * self.buckets[-1]).reshape(
+            NUM_FIELDS, self.buckets[-1])
+        self.weights: dict[str, cp.ndarray] = {}
+        self.graphs: dict[tuple[int, bool], object] = {}
+        self.graph_error: str | None = None
+        self.lengths = np.zeros(max_batch_size, dtype=np.int64)
+
+    # ---------------------------------------------------------------- weights
+
+    def load_weights(self, weights: Mapping[str, np.ndarray]) -> None:
+        check_weights(self.cfg, weights, "cuda backend load_weights")
+        if not self.weights:
+            with self.stream:
+                self.weights = {name: cp.empty(shape, dtype=self.storage)
+                                for name, shape in expected_shapes(self.cfg).items()}
+            self._bind_layers()
+        self.update_weights(weights)
+
+    def update_weights(self, weights: Mapping) -> None:
+        """Any subset of the tensors: NumPy float32 arrays (on the dtype grid) or torch fp32
+        CUDA tensors (rounded on the GPU through DLPack); written into the existing buffers."""
+        shapes = expected_shapes(self.cfg)
+        for name, value in weights.items():  # check everything before writing anything
+            if name not in shapes:
+                raise ValueError(f"cuda backend update_weights: unexpected tensor {name!r}")
+            if tuple(value.shape) != shapes[name]:
+                raise ValueError(f"cuda backend update_weights: tensor {name!r} has shape "
+                                 f"{tuple(value.shape)}, expected {shapes[name]}")
+        if not self.weights:
+            raise RuntimeError("cuda backend update_weights: load_weights first")
+        with self.stream:
+            for name, value in weights.items():
+                if sync.is_device_tensor(value):
+                    sync.copy_into(self.weights[name], value, self.dtype)
+                else:
+                    self.weights[name].set(self._host_storage(value))
+        self.stream.synchronize()
+        self.reset()
+
+    def _host_storage(self, value) -> np.ndarray:
+        value = np.asarray(value, dtype=np.float32)
+        if self.dtype == "fp16":
+            return round_to(value, "fp16").astype(np.float16)
+        if self.dtype == "bf16":
+            return fp32_to_bf16_bits(value)
+        return np.ascontiguousarray(value)
+
+    def _bind_layers(self) -> None:
+        w, cfg = self.weights, self.cfg
+        self.layer_weights = []
+        for i in range(cfg.num_layers):
+            p = f"layers.{i}."
+            nxt = w[f"layers.{i + 1}.attn_norm.weight"] if i + 1 < cfg.num_layers else w["norm.weight"]
+            self.layer_weights.append((w[p + "wqkv.weight"], w.get(p + "wqkv.bias"), w[p + "wo.weight"],
+                                       w[p + "mlp_norm.weight"], w[p + "w_gate_up.weight"],
+                                       w[p + "w_down.weight"], nxt))
+        self.head = w.get("lm_head.weight", w["embed.weight"])
+
+    def weight_buffer(self, name: str) -> cp.ndarray:
+        """The engine's own buffer of one tensor (fp16 / bf16 bit patterns / fp32)."""
+        return self.weights[name]
+
+    # ---------------------------------------------------------------- cache
+
+    def free(self, slot: int) -> None:
+        self.lengths[slot] = 0
+
+    def reset(self) -> None:
+        self.lengths[:] = 0
+
+    # ---------------------------------------------------------------- forward
+
+    def _forward(self, ws: _Workspace, rows: int, attention) -> None:
+        """Rows' hidden states through every layer; leaves the final norm's output in ws.h."""
+        o, cfg, eps = self.ops, self.cfg, self.cfg.rms_norm_eps
+        tokens, slots, positions = ws.ints[TOKENS, :rows], ws.ints[SLOTS, :rows], ws.ints[POSITIONS, :rows]
+        x, h, qkv, q, att = ws.x[:rows], ws.h[:rows], ws.qkv[:rows], ws.q[:rows], ws.att[:rows]
+        proj, gu, act = ws.proj[:rows], ws.gu[:rows], ws.act[:rows]
+        o.embedding(tokens, self.weights["embed.weight"], x)
+        o.add_rmsnorm(x, None, self.weights["layers.0.attn_norm.weight"], h, eps)
+        for layer, (wqkv, bias, wo, mlp_norm, w_gate_up, w_down, next_norm) in enumerate(self.layer_weights):
+            o.gemm(h, wqkv, qkv)
+            o.rope_qkv(qkv, bias, self.rope_cos, self.rope_sin, positions, slots, q, self.kv_layers[layer],
+                       cfg.num_heads, cfg.num_kv_heads)
+            attention(layer, q, att)
+            o.gemm(att, wo, proj)
+            o.add_rmsnorm(x, proj, mlp_norm, h, eps)
+            o.gemm(h, w_gate_up, gu)
+            o.swiglu(gu, act)
+            o.gemm(act, w_down, proj)
+            o.add_rmsnorm(x, proj, next_norm, h, eps)
+
+    def _decode_body(self, b: int, sample: bool) -> None:
+        ws = self.dec
+        slots, seq_lens = ws.ints[SLOTS, :b], ws.ints[SEQ_LENS, :b]
+        part_acc, part_ml = ws.part_acc[:b], ws.part_ml[:b]
+
+        def attention(layer, q, att):
+            self.ops.attention_decode(q, self.kv_layers[layer], slots, seq_lens, part_acc, part_ml, att)
+
+        self._forward(ws, b, attention)
+        self.ops.gemm(ws.h[:b], self.head, ws.logits[:b])
+        if sample:  # every row of the bucket: padding rows draw harmless greedy tokens
+            gpu_sampler.launch(ws.logits[:b], ws.ints[PARAMS:PARAMS + 5], ws.out[0], ws.out[1].view(np.float32),
+                               self.gumbel, ws.sample_work)
+
+    def _graph(self, b: int, sample: bool):
+        """The captured decode step of bucket b (with or without the sampler), or None when
+        capture is unavailable (then steps run eagerly, same kernels, same results)."""
+        key = (b, sample)
+        graph = self.graphs.get(key)
+        if graph is None and self.use_graphs:
+            with self.stream:
+                self._decode_body(b, sample)  # warm-up outside the capture: cuBLAS picks its kernels
+                self.stream.synchronize()
+                self.stream.begin_capture()
+                try:
+                    self._decode_body(b, sample)
+                except Exception as e:
+                    try:
+                        self.stream.end_capture()
+                    except Exception:
+                        pass
+                    self.use_graphs = False
+                    self.graph_error = f"{type(e).__name__}: {e}"
+                    warnings.warn(f"cuda backend: CUDA graph capture failed ({self.graph_error}); "
+                                  "decoding without graphs", RuntimeWarning)
+                    return None
+                graph = self.stream.end_capture()
+            self.graphs[key] = graph
+        return graph
+
+    def _check_decode(self, slots, tokens, positions):
+        slots = np.asarray(slots, dtype=np.int64).reshape(-1)
+        tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        positions = np.asarray(positions, dtype=np.int64).reshape(-1)
+        if not len(slots) == len(tokens) == len(positions):
+            raise ValueError("decode: slots, tokens and positions differ in length")
+        assert len(np.unique(slots)) == len(slots), "decode slots must be distinct"
+        assert np.all((slots >= 0) & (slots < self.max_batch_size)), "decode slot out of range"
+        assert np.all((tokens >= 0) & (tokens < self.cfg.vocab_size)), "decode token outside the vocabulary"
+        assert np.all(positions <= self.lengths[slots]), "decode position past the cache"
+        assert np.all(positions < self.max_seq_len), "decode position past max_seq_len"
+        return slots, tokens, positions
+
+    def _run_decode(self, slots, tokens, positions, params: np.ndarray | None = None) -> int:
+        """Upload one step's inputs, replay the bucket's graph; returns the bucket size."""
+        n = len(slots)
+        b = next(x for x in self.buckets if x >= n)
+        host = self.host_ints_np
+        host[:, :b] = 0
+        host[TOKENS, :n], host[SLOTS, :n], host[POSITIONS, :n] = tokens, slots, positions
+        host[SEQ_LENS, :n] = positions + 1
+        host[SLOTS, n:b], host[SEQ_LENS, n:b] = self.scratch_slot, 1  # padding rows: token 0 at 0
+        if params is not None:
+            host[PARAMS:PARAMS + 5, :n] = params
+        sample = params is not None
+        with self.stream:
+            self.dec.ints.set(host)  # one small copy from pinned memory
+            graph = self._graph(b, sample) if self.use_graphs else None
+            if graph is not None:
+                graph.launch(self.stream)
+            else:
+                self._decode_body(b, sample)
+        self.lengths[slots] = positions + 1
+        return b
+
+    def decode(self, slots: Sequence[int], tokens: Sequence[int], positions: Sequence[int],
+               device: bool = False):
+        """float32 logits [B, V]: NumPy (the protocol), or with device=True a CuPy copy on the GPU."""
+        slots, tokens, positions = self._check_decode(slots, tokens, positions)
+        if not len(slots):
+            empty = np.zeros((0, self.cfg.vocab_size), dtype=np.float32)
+            return cp.asarray(empty) if device else empty
+        self._run_decode(slots, tokens, positions)
+        with self.stream:
+            logits = self.dec.logits[:len(slots)]
+            return logits.copy() if device else logits.get()
+
+    def sample(self, logits, seeds, request_ids, token_indices, temperatures,
+               greedy) -> tuple[np.ndarray, np.ndarray]:
+        """ratchet.engine.sampler.sample on the GPU: (tokens int64 [B], logprobs float32 [B]) as
+        NumPy arrays, the tokens bit for bit the NumPy sampler's for the same logits."""
+        with self.stream:
+            logits = cp.asarray(logits, dtype=np.float32)
+            if logits.ndim != 2 or logits.shape[1] != self.cfg.vocab_size:
+                raise ValueError(f"sample: logits of shape {logits.shape}, expected [B, {self.cfg.vocab_size}]")
+            n = logits.shape[0]
+            temps = np.asarray(temperatures, dtype=np.float32).reshape(n)
+            is_greedy = np.asarray(greedy, dtype=bool).reshape(n)
+            if np.any(temps[~is_greedy] <= 0):
+                raise ValueError("sample: temperature must be > 0 for non-greedy rows")
+            if not n:
+                return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
+            logits = cp.ascontiguousarray(logits)
+            params = cp.asarray(gpu_sampler.pack_params(seeds, request_ids, token_indices, temps, is_greedy))
+            out = cp.empty((2, n), dtype=np.int32)
+            gpu_sampler.launch(logits, params, out[0], out[1].view(np.float32), self.gumbel)
+            host = out.get()
+        return host[0].astype(np.int64), host[1].view(np.float32).copy()
+
+    def decode_sample(self, slots, tokens, positions, seeds, request_ids, token_indices, temperatures,
+                      greedy) -> tuple[np.ndarray, np.ndarray]:
+        """One decode step and the sampler on the GPU: (tokens int64 [B], logprobs float32 [B]),
+        the NumPy sampler's tokens for these logits bit for bit."""
+        slots, tokens, positions = self._check_decode(slots, tokens, positions)
+        n = len(slots)
+        temps = np.asarray(temperatures, dtype=np.float32).reshape(n)
+        is_greedy = np.asarray(greedy, dtype=bool).reshape(n)
+        if np.any(temps[~is_greedy] <= 0):
+            raise ValueError("decode_sample: temperature must be > 0 for non-greedy rows")
+        if not n:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
+        params = gpu_sampler.pack_params(seeds, request_ids, token_indices, temps, is_greedy)
+        self._run_decode(slots, tokens, positions, params)
+        with self.stream:
+            out = self.dec.out.get()  # tokens and logprobs of the whole bucket: one small copy
+        return out[0, :n].astype(np.int64), out[1, :n].view(np.float32).copy()
+
+    def prefill(self, slot: int, token_ids: Sequence[int], start_pos: int = 0, device: bool = False):
+        """float32 logits [V] of the last position (NumPy; CuPy with device=True)."""
+        return self.prefill_batch([slot], [token_ids], [start_pos], device=device)[0]
+
+    def prefill_batch(self, slots: Sequence[int], token_lists: Sequence[Sequence[int]],
+                      start_positions: Sequence[int] | None = None, device: bool = False):
+        """Prefill several sequences in packed passes: float32 logits [n, V] of each last row
+        (NumPy; CuPy on the GPU with device=True)."""
+        if start_positions is None:
+            start_positions = [0] * len(slots)
+        seqs = []
+        for slot, ids, start in zip(slots, token_lists, start_positions):
+            ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+            cached = int(self.lengths[slot])
+            assert len(ids) > 0, "prefill needs at least one token"
+            assert 0 <= slot < self.max_batch_size, f"prefill slot {slot} out of range"
+            assert 0 <= start <= cached, f"prefill of slot {slot} at {start}: only {cached} cached"
+            assert start + len(ids) <= self.max_seq_len, "prefill runs past max_seq_len"
+            assert np.all((ids >= 0) & (ids < self.cfg.vocab_size)), "prefill token outside the vocabulary"
+            seqs.append((int(slot), ids, int(start)))
+        assert len({s for s, _, _ in seqs}) == len(seqs), "prefill slots must be distinct"
+        with self.stream:
+            logits = cp.empty((len(seqs), self.cfg.vocab_size), dtype=np.float32)
+        for chunk in self._prefill_passes(seqs):
+            self._prefill_pass(chunk, logits)
+        for slot, ids, start in seqs:
+            self.lengths[slot] = start + len(ids)
+        if device:
+            return logits
+        with self.stream:
+            return logits.get()
+
+    def _prefill_passes(self, seqs):
+        """Pieces (sequence index, slot, ids, start, is_last) grouped into passes of <= chunk rows."""
+        passes, cur, rows = [], [], 0
+        for i, (slot, ids, start) in enumerate(seqs):
+            off = 0
+            while off < len(ids):
+                take = min(len(ids) - off, self.prefill_chunk - rows)
+                cur.append((i, slot, ids[off:off + take], start + off, off + take == len(ids)))
+                rows, off = rows + take, off + take
+                if rows == self.prefill_chunk:
+                    passes.append(cur)
+                    cur, rows = [], 0
+        if cur:
+            passes.append(cur)
+        return passes
+
+    def _prefill_pass(self, pieces, logits_out: cp.ndarray) -> None:
+        rows = sum(len(p[2]) for p in pieces)
+        ints = np.zeros((NUM_FIELDS, rows), dtype=np.int32)
+        seq_rows, last_rows, last_seq = [], [], []
+        r = 0
+        for i, slot, ids, start, is_last in pieces:
+            n = len(ids)
+            ints[TOKENS, r:r + n] = ids
+            ints[SLOTS, r:r + n] = slot
+            ints[POSITIONS, r:r + n] = np.arange(start, start + n)
+            seq_rows.append((r, n, slot, start))
+            if is_last:
+                last_rows.append(r + n - 1)
+                last_seq.append(i)
+            r += n
+        tiles, qt = self.ops.prefill_tiles(seq_rows)
+        with self.stream:
+            ws = _Workspace(self.cfg, self.storage, rows, max(1, len(last_rows)))
+            ws.ints.set(ints)
+            tiles_gpu = cp.asarray(tiles)
+
+            def attention(layer, q, att):
+                self.ops.attention_prefill(q, self.kv_layers[layer], tiles_gpu, qt, att)
+
+            self._forward(ws, rows, attention)
+            if last_rows:
+                h_last = cp.ascontiguousarray(ws.h[cp.asarray(np.asarray(last_rows, dtype=np.int64))])
+                self.ops.gemm(h_last, self.head, ws.logits[:len(last_rows)])
+                logits_out[cp.asarray(np.asarray(last_seq, dtype=np.int64))] = ws.logits[:len(last_rows)]
+            self.stream.synchronize()

@@ -1,0 +1,139 @@
+"""Compile the CUDA sources in `kernels/` with NVRTC through CuPy (httomolibgpu's pattern).
+
+One `.cu` file per operation. `load(name, exprs)` reads `kernels/<name>.cu`, prepends
+`#line 1 "<path>"` so compiler errors point at the real file and line, and builds
+`cupy.RawModule(code=..., options=..., name_expressions=...)`; templates are instantiated by
+name (`"add_rmsnorm<F16>"`). Modules are cached per (source hash, options, names, device).
+`--use_fast_math` is never used: the sampler's logs and divisions must be the IEEE ones, and
+the element-wise kernels are built with `--fmad=false` so their fp32 products and sums round
+exactly as the NumPy backend's do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from pathlib import Path
+
+KERNEL_DIR = Path(os.environ.get("RATCHET_KERNEL_DIR", Path(__file__).resolve().parents[3] / "kernels"))
+
+BASE_OPTIONS = ("-std=c++17",)
+# Element-wise kernels: no fused multiply-add, so each fp32 product and sum rounds on its own.
+NO_FMA = ("rmsnorm", "rope", "swiglu", "convert", "embedding", "sampler")
+FORBIDDEN_OPTIONS = ("--use_fast_math", "-use_fast_math")
+
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
+_modules: dict = {}
+_files: dict = {}  # path -> (mtime_ns, size, text): a launch path must not re-read and re-hash
+
+
+def _read(path: Path) -> str:
+    st = path.stat()
+    hit = _files.get(path)
+    if hit is None or hit[:2] != (st.st_mtime_ns, st.st_size):
+        hit = _files[path] = (st.st_mtime_ns, st.st_size, path.read_text())
+    return hit[2]
+
+
+def kernel_path(name: str) -> Path:
+    path = KERNEL_DIR / f"{name}.cu"
+    if not path.is_file():
+        raise FileNotFoundError(f"CUDA kernel source not found: {path}")
+    return path
+
+
+def _dependencies(path: Path, seen: set | None = None) -> list[Path]:
+    """The file and every file it `#include "..."`s from the kernel directory, recursively."""
+    seen = set() if seen is None else seen
+    if path in seen:
+        return []
+    seen.add(path)
+    out = [path]
+    for inc in _INCLUDE.findall(_read(path)):
+        dep = path.parent / inc
+        if dep.is_file():
+            out += _dependencies(dep, seen)
+    return out
+
+
+def source_hash(name: str) -> str:
+    """SHA-256 over the kernel source and the headers it includes."""
+    h = hashlib.sha256()
+    for dep in _dependencies(kernel_path(name)):
+        h.update(dep.name.encode() + b"\0" + _read(dep).encode() + b"\0")
+    return h.hexdigest()
+
+
+def source_hashes() -> dict[str, str]:
+    """{kernel name: source hash} for every `kernels/*.cu`: the record of what was built."""
+    return {p.stem: source_hash(p.stem) for p in sorted(KERNEL_DIR.glob("*.cu"))}
+
+
+def read_source(name: str) -> str:
+    """The source as compiled: `#line 1 "<path>"`, then the file."""
+    path = kernel_path(name)
+    return f'#line 1 "{path}"\n' + _read(path)
+
+
+def options(name: str, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
+    opts = BASE_OPTIONS + (f"-I{KERNEL_DIR}",) + (("--fmad=false",) if name in NO_FMA else ()) + tuple(extra)
+    bad = [o for o in opts if o in FORBIDDEN_OPTIONS]
+    if bad:
+        raise ValueError(f"kernel {name}: option {bad[0]} is not allowed (accurate maths only)")
+    return opts
+
+
+def load(name: str, name_expressions: tuple[str, ...] | list[str] = (), extra_options: tuple[str, ...] = ()):
+    """The compiled `cupy.RawModule` of `kernels/<name>.cu` on the current device (cached)."""
+    import cupy
+
+    exprs = tuple(name_expressions)
+    opts = options(name, tuple(extra_options))
+    key = (name, source_hash(name), opts, exprs, cupy.cuda.runtime.getDevice())
+    module = _modules.get(key)
+    if module is None:
+        module = cupy.RawModule(code=read_source(name), options=opts,
+                                name_expressions=exprs or None)
+        if hasattr(module, "compile"):
+            module.compile()  # surface compiler errors here, not at the first launch
+        _modules[key] = module
+    return module
+
+
+def function(name: str, expr: str, all_exprs: tuple[str, ...] | list[str] | None = None):
+    """One kernel: `function("rmsnorm", "add_rmsnorm<F16>")`."""
+    exprs = tuple(all_exprs) if all_exprs is not None else (expr,)
+    if expr not in exprs:
+        exprs = exprs + (expr,)
+    module = load(name, exprs)
+    return module.get_function(expr)
+
+
+DTYPE_TAGS = {"fp32": "F32", "fp16": "F16", "bf16": "BF16"}
+
+
+def expressions(name: str, dtypes=("fp32", "fp16", "bf16"), attn_shapes=((64, 7),)) -> tuple[str, ...]:
+    """The template instances of one kernel file for the given dtypes and (head_dim, group)."""
+    tags = [DTYPE_TAGS[d] for d in dtypes]
+    if name == "sampler":
+        return ()
+    if name == "convert":
+        return ("convert_f32<0>", "convert_f32<1>")
+    if name == "attention_decode":
+        return tuple(f"attn_decode_{part}<{t}, {hd}, {g}>" for t in tags for hd, g in attn_shapes
+                     for part in ("partial", "combine"))
+    if name == "attention_prefill":
+        return tuple(f"attn_prefill<{t}, {hd}, {g}>" for t in tags for hd, g in attn_shapes)
+    entry = {"rmsnorm": "add_rmsnorm", "rope": "rope_qkv", "swiglu": "swiglu", "embedding": "embedding"}
+    if name not in entry:
+        raise KeyError(f"unknown kernel {name!r}")
+    return tuple(f"{entry[name]}<{t}>" for t in tags)
+
+
+def nvcc_wrapper(name: str, exprs: tuple[str, ...]) -> str:
+    """A translation unit for nvcc that includes the kernel and takes each instance's address,
+    so `nvcc -arch=sm_90 -c` compiles the same device code NVRTC would (used by the CPU test)."""
+    lines = [read_source(name), "", f'#line 1 "{name}_instances"']
+    lines += [f"void* ratchet_instance_{i} = (void*)&{e};" for i, e in enumerate(exprs)]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,324 @@
+"""Launchers for the kernels in `kernels/*.cu` and the cuBLAS matrix product.
+
+Each launcher checks the shapes, dtypes and contiguity of its arguments before it starts a
+kernel (a wrong stride on the GPU is a silent wrong answer), and launches on CuPy's current
+stream, so a caller inside `with stream:` (or a stream capture) gets everything in order.
+Scalars go to kernels as NumPy scalars of the exact C type (CuPy passes a Python int as 64
+bits).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+
+import cupy as cp
+import numpy as np
+
+from ratchet.engine.cuda import loader
+
+STORAGE = {"fp32": np.float32, "fp16": np.float16, "bf16": np.uint16}  # bf16 as its bit patterns
+TAGS = loader.DTYPE_TAGS
+CUDA_R = {"fp32": 0, "fp16": 2, "bf16": 14}  # cudaDataType: CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF
+CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
+CUBLAS_COMPUTE_32F = 68  # fp32 accumulation, no TF32
+CUBLAS_GEMM_DEFAULT = -1
+DECODE_TILE = 64  # positions per tile in attention_decode.cu (#define TILE)
+MAX_DECODE_SPLITS = 32
+
+
+def _i32(x) -> np.int32:
+    return np.int32(x)
+
+
+def _ptr(a):
+    """An array, or a null pointer for None (passed as a 64-bit zero)."""
+    return np.uint64(0) if a is None else a
+
+
+def _check(a: cp.ndarray, name: str, shape: tuple | None = None, dtype=None) -> None:
+    if not isinstance(a, cp.ndarray):
+        raise TypeError(f"{name}: expected a cupy array, got {type(a).__name__}")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{name}: must be C-contiguous (strides {a.strides})")
+    if shape is not None and tuple(a.shape) != tuple(shape):
+        raise ValueError(f"{name}: shape {tuple(a.shape)}, expected {tuple(shape)}")
+    if dtype is not None and a.dtype != np.dtype(dtype):
+        raise ValueError(f"{name}: dtype {a.dtype}, expected {np.dtype(dtype)}")
+
+
+class CublasError(RuntimeError):
+    pass
+
+
+def _load_libcublas() -> ctypes.CDLL:
+    """The libcublas CuPy loaded (found by cuda.pathfinder), opened again through ctypes.
+
+    CuPy's own cuBLAS wrapper refuses to run while a stream is being captured, so the
+    matrix products call cuBLAS directly; cuBLAS itself supports stream capture."""
+    from cupy_backends.cuda.libs import cublas  # noqa: F401  (makes CuPy load the library)
+
+    names = []
+    try:
+        from cuda import pathfinder
+
+        loaded = pathfinder.load_nvidia_dynamic_lib("cublas")
+        if loaded.abs_path:
+            names.append(loaded.abs_path)
+    except Exception:  # older CuPy: the library is loaded under its soname
+        pass
+    names += ["libcublas.so.13", "libcublas.so.12", "libcublas.so"]
+    errors = []
+    for name in names:
+        try:
+            lib = ctypes.CDLL(name)
+            lib.cublasGemmEx  # noqa: B018
+            return lib
+        except (OSError, AttributeError) as e:
+            errors.append(f"{name}: {e}")
+    raise CublasError("cannot open libcublas: " + "; ".join(errors))
+
+
+class Cublas:
+    """One cuBLAS handle with its own 32 MiB workspace (no allocation inside a capture)."""
+
+    WORKSPACE_BYTES = 32 << 20
+
+    def __init__(self):
+        lib = self.lib = _load_libcublas()
+        vp, i = ctypes.c_void_p, ctypes.c_int
+        lib.cublasCreate_v2.argtypes = [ctypes.POINTER(vp)]
+        lib.cublasDestroy_v2.argtypes = [vp]
+        lib.cublasSetStream_v2.argtypes = [vp, vp]
+        lib.cublasSetWorkspace_v2.argtypes = [vp, vp, ctypes.c_size_t]
+        lib.cublasGemmEx.argtypes = [vp, i, i, i, i, i, vp, vp, i, i, vp, i, i, vp, vp, i, i, i, i]
+        handle = vp()
+        self._check(lib.cublasCreate_v2(ctypes.byref(handle)), "cublasCreate")
+        self.handle = handle
+        self.workspace = cp.empty(self.WORKSPACE_BYTES, dtype=np.uint8)
+        self._stream = None
+
+    @staticmethod
+    def _check(status: int, what: str) -> None:
+        if status != 0:
+            raise CublasError(f"{what} failed with cuBLAS status {status}")
+
+    def set_stream(self, stream_ptr: int) -> None:
+        if stream_ptr != self._stream:  # setStream also resets the workspace: set it again
+            self._check(self.lib.cublasSetStream_v2(self.handle, ctypes.c_void_p(stream_ptr)), "cublasSetStream")
+            self._check(self.lib.cublasSetWorkspace_v2(self.handle, ctypes.c_void_p(self.workspace.data.ptr),
+                                                       self.WORKSPACE_BYTES), "cublasSetWorkspace")
+            self._stream = stream_ptr
+
+    def gemm_ex(self, transa, transb, m, n, k, alpha_ptr, a_ptr, a_type, lda, b_ptr, b_type, ldb, beta_ptr,
+                c_ptr, c_type, ldc, compute, algo) -> None:
+        self._check(self.lib.cublasGemmEx(self.handle, transa, transb, m, n, k, alpha_ptr, a_ptr, a_type, lda,
+                                          b_ptr, b_type, ldb, beta_ptr, c_ptr, c_type, ldc, compute, algo),
+                    "cublasGemmEx")
+
+    def close(self) -> None:
+        if self.handle is not None:
+            self.lib.cublasDestroy_v2(self.handle)
+            self.handle = None
+
+
+def decode_split(max_seq: int) -> tuple[int, int]:
+    """(split_len, nsplit) for the decode attention: whole tiles, at most MAX_DECODE_SPLITS."""
+    tiles = -(-max_seq // DECODE_TILE)
+    per_split = -(-tiles // MAX_DECODE_SPLITS)
+    split_len = per_split * DECODE_TILE
+    return split_len, -(-max_seq // split_len)
+
+
+class Ops:
+    """The kernels of one engine dtype and one attention shape (head_dim, group)."""
+
+    def __init__(self, dtype: str, head_dim: int, group: int):
+        if dtype not in STORAGE:
+            raise ValueError(f"cuda ops: dtype {dtype!r} is not one of {tuple(STORAGE)}")
+        self.dtype, self.head_dim, self.group = dtype, head_dim, group
+        self.storage = np.dtype(STORAGE[dtype])
+        attn = ((head_dim, group),)
+        fn = {}
+        for name in ("embedding", "rmsnorm", "rope", "swiglu", "attention_decode", "attention_prefill"):
+            exprs = loader.expressions(name, (dtype,), attn)
+            module = loader.load(name, exprs)
+            fn.update({e.split("<")[0]: module.get_function(e) for e in exprs})
+        self.f_embedding, self.f_rmsnorm = fn["embedding"], fn["add_rmsnorm"]
+        self.f_rope, self.f_swiglu = fn["rope_qkv"], fn["swiglu"]
+        self.f_decode_partial, self.f_decode_combine = fn["attn_decode_partial"], fn["attn_decode_combine"]
+        self.f_prefill = fn["attn_prefill"]
+        convert_module = loader.load("convert", loader.expressions("convert"))
+        self.f_convert = {"fp16": convert_module.get_function("convert_f32<0>"),
+                          "bf16": convert_module.get_function("convert_f32<1>")}
+        self.blas = Cublas()
+        self._one = np.ones(1, dtype=np.float32)
+        self._zero = np.zeros(1, dtype=np.float32)
+
+    def close(self) -> None:
+        if getattr(self, "blas", None) is not None:
+            self.blas.close()
+            self.blas = None
+
+    # ---------------------------------------------------------------- matrix product
+
+    def gemm(self, x: cp.ndarray, w: cp.ndarray, out: cp.ndarray, x_dtype: str | None = None,
+             out_dtype: str | None = None) -> None:
+        """out[R, N] = x[R, K] @ w[N, K]^T with fp32 accumulation (cuBLAS gemmEx).
+
+        x and w in the engine dtype; out in the engine dtype or fp32 (logits, qkv)."""
+        rows, k = x.shape
+        n = w.shape[0]
+        _check(x, "gemm x", dtype=self.storage)
+        _check(w, "gemm w", (n, k), self.storage)
+        out_dtype = out_dtype or ("fp32" if out.dtype == np.float32 else self.dtype)
+        _check(out, "gemm out", (rows, n), STORAGE[out_dtype])
+        if rows == 0:
+            return
+        self.blas.set_stream(cp.cuda.get_current_stream().ptr)
+        # column-major view: out^T [n, rows] = w [k, n]^T @ x^T [k, rows]
+        self.blas.gemm_ex(CUBLAS_OP_T, CUBLAS_OP_N, n, rows, k,
+                          self._one.ctypes.data, w.data.ptr, CUDA_R[self.dtype], k,
+                          x.data.ptr, CUDA_R[self.dtype], k,
+                          self._zero.ctypes.data, out.data.ptr, CUDA_R[out_dtype], n,
+                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
+
+    # ---------------------------------------------------------------- element-wise
+
+    def embedding(self, tokens: cp.ndarray, table: cp.ndarray, out: cp.ndarray) -> None:
+        rows = tokens.shape[0]
+        vocab, dim = table.shape
+        _check(tokens, "embedding tokens", (rows,), np.int32)
+        _check(table, "embedding table", dtype=self.storage)
+        _check(out, "embedding out", (rows, dim), self.storage)
+        if rows:
+            self.f_embedding((rows,), (128,), (tokens, table, out, _i32(dim), _i32(vocab)))
+
+    def add_rmsnorm(self, residual: cp.ndarray, delta: cp.ndarray | None, weight: cp.ndarray,
+                    out: cp.ndarray, eps: float) -> None:
+        """residual += delta (rounded, in place; skipped when delta is None); out = norm(residual)."""
+        rows, dim = residual.shape
+        _check(residual, "rmsnorm residual", dtype=self.storage)
+        if delta is not None:
+            _check(delta, "rmsnorm delta", (rows, dim), self.storage)
+        _check(weight, "rmsnorm weight", (dim,), self.storage)
+        _check(out, "rmsnorm out", (rows, dim), self.storage)
+        if rows:
+            self.f_rmsnorm((rows,), (256,), (residual, _ptr(delta), weight, out, _i32(dim), np.float32(eps)),
+                           shared_mem=4 * dim)
+
+    def rope_qkv(self, qkv: cp.ndarray, bias: cp.ndarray | None, cos: cp.ndarray, sin: cp.ndarray,
+                 positions: cp.ndarray, slots: cp.ndarray, q_out: cp.ndarray, cache: cp.ndarray,
+                 num_heads: int, num_kv_heads: int) -> None:
+        """cache: one layer, [slots, 2, K, max_seq, hd]."""
+        hd = self.head_dim
+        rows = qkv.shape[0]
+        width = (num_heads + 2 * num_kv_heads) * hd
+        max_seq = cache.shape[3]
+        _check(qkv, "rope qkv", (rows, width), np.float32)
+        if bias is not None:
+            _check(bias, "rope bias", (width,), self.storage)
+        _check(cos, "rope cos", dtype=np.float32)
+        _check(sin, "rope sin", cos.shape, np.float32)
+        if cos.shape[0] < max_seq or cos.shape[1] != hd // 2:
+            raise ValueError(f"rope tables {cos.shape} do not cover [{max_seq}, {hd // 2}]")
+        _check(positions, "rope positions", (rows,), np.int32)
+        _check(slots, "rope slots", (rows,), np.int32)
+        _check(q_out, "rope q_out", (rows, num_heads * hd), self.storage)
+        _check(cache, "rope cache", (cache.shape[0], 2, num_kv_heads, max_seq, hd), self.storage)
+        npairs = (num_heads + 2 * num_kv_heads) * hd // 2
+        block = min(1024, -(-npairs // 32) * 32)
+        if rows:
+            self.f_rope((rows,), (block,), (qkv, _ptr(bias), cos, sin, positions, slots, q_out, cache,
+                                            _i32(num_heads), _i32(num_kv_heads), _i32(hd), _i32(max_seq)))
+
+    def swiglu(self, gate_up: cp.ndarray, out: cp.ndarray) -> None:
+        rows, two_f = gate_up.shape
+        _check(gate_up, "swiglu gate_up", dtype=self.storage)
+        _check(out, "swiglu out", (rows, two_f // 2), self.storage)
+        n = rows * (two_f // 2)
+        if n:
+            grid = min(-(-n // 256), 132 * 16)
+            self.f_swiglu((grid,), (256,), (gate_up, out, _i32(rows), _i32(two_f // 2)))
+
+    # ---------------------------------------------------------------- attention
+
+    def attention_decode(self, q: cp.ndarray, cache: cp.ndarray, slots: cp.ndarray, seq_lens: cp.ndarray,
+                         part_acc: cp.ndarray, part_ml: cp.ndarray, out: cp.ndarray) -> None:
+        """One query row per sequence; part_acc [rows, K, nsplit, G, hd], part_ml [rows, K, nsplit, G, 2]."""
+        hd, g = self.head_dim, self.group
+        rows = q.shape[0]
+        num_kv_heads, max_seq = cache.shape[2], cache.shape[3]
+        split_len, nsplit = decode_split(max_seq)
+        _check(q, "attention q", (rows, num_kv_heads * g * hd), self.storage)
+        _check(cache, "attention cache", (cache.shape[0], 2, num_kv_heads, max_seq, hd), self.storage)
+        _check(slots, "attention slots", (rows,), np.int32)
+        _check(seq_lens, "attention seq_lens", (rows,), np.int32)
+        _check(part_acc, "attention part_acc", (rows, num_kv_heads, nsplit, g, hd), np.float32)
+        _check(part_ml, "attention part_ml", (rows, num_kv_heads, nsplit, g, 2), np.float32)
+        _check(out, "attention out", q.shape, self.storage)
+        if not rows:
+            return
+        scale = np.float32(1.0 / math.sqrt(hd))
+        self.f_decode_partial((nsplit, num_kv_heads, rows), (DECODE_TILE,),
+                              (q, cache, slots, seq_lens, part_acc, part_ml, _i32(num_kv_heads),
+                               _i32(max_seq), _i32(split_len), _i32(nsplit), scale))
+        self.f_decode_combine((rows, num_kv_heads * g), (hd,),
+                              (part_acc, part_ml, seq_lens, out, _i32(num_kv_heads), _i32(split_len),
+                               _i32(nsplit)))
+
+    def prefill_tiles(self, seq_rows: list[tuple[int, int, int, int]]) -> tuple[np.ndarray, int]:
+        """Tile descriptors int32 [n, 4] (first row, rows, slot, first position) for sequences given
+        as (first row, rows, slot, start position); returns them and the rows per tile."""
+        ds = self.head_dim // 64 if self.head_dim > 64 else 1
+        qt = max(1, 64 // (self.group * ds))
+        tiles = []
+        for row0, n, slot, pos0 in seq_rows:
+            for i in range(0, n, qt):
+                tiles.append((row0 + i, min(qt, n - i), slot, pos0 + i))
+        return np.asarray(tiles, dtype=np.int32).reshape(-1, 4), qt
+
+    def attention_prefill(self, q: cp.ndarray, cache: cp.ndarray, tiles: cp.ndarray, qt: int,
+                          out: cp.ndarray) -> None:
+        hd, g = self.head_dim, self.group
+        num_kv_heads, max_seq = cache.shape[2], cache.shape[3]
+        _check(q, "prefill q", (q.shape[0], num_kv_heads * g * hd), self.storage)
+        _check(cache, "prefill cache", (cache.shape[0], 2, num_kv_heads, max_seq, hd), self.storage)
+        _check(tiles, "prefill tiles", (tiles.shape[0], 4), np.int32)
+        _check(out, "prefill out", q.shape, self.storage)
+        if not tiles.shape[0]:
+            return
+        ds = hd // 64 if hd > 64 else 1
+        block = -(-qt * g * ds // 32) * 32
+        self.f_prefill((tiles.shape[0], num_kv_heads), (block,),
+                       (q, cache, tiles, out, _i32(num_kv_heads), _i32(max_seq), _i32(qt),
+                        np.float32(1.0 / math.sqrt(hd))))
+
+    # ---------------------------------------------------------------- conversion
+
+    def convert(self, src: cp.ndarray, dst: cp.ndarray, dtype: str | None = None) -> None:
+        """dst (fp16 / bf16 storage) = round-to-nearest-even(src fp32), element for element."""
+        dtype = dtype or ("fp16" if dst.dtype == np.float16 else "bf16")
+        _check(src, "convert src", dtype=np.float32)
+        _check(dst, "convert dst", src.shape, STORAGE[dtype])
+        convert(src, dst, dtype, self.f_convert[dtype])
+
+
+_convert_fns: dict = {}
+
+
+def convert(src: cp.ndarray, dst: cp.ndarray, dtype: str, fn=None) -> None:
+    """fp32 -> fp16/bf16 RNE on the GPU (also usable without an Ops: loads convert.cu)."""
+    if dtype == "fp32":
+        dst[...] = src
+        return
+    if fn is None:
+        key = (dtype, cp.cuda.runtime.getDevice())
+        fn = _convert_fns.get(key)
+        if fn is None:
+            expr = "convert_f32<0>" if dtype == "fp16" else "convert_f32<1>"
+            fn = _convert_fns[key] = loader.load("convert", loader.expressions("convert")).get_function(expr)
+    n = src.size
+    if n:
+        grid = min(-(-n // (4 * 256)), 132 * 32)
+        fn((grid,), (256,), (src, dst.view(np.uint16), np.int64(n)))

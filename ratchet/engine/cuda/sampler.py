@@ -1,0 +1,106 @@
+"""The sampler on the GPU: `kernels/sampler.cu`, one pass over the vocabulary, each row cut
+into NCHUNKS blocks (a fixed number, so nothing depends on the batch) and merged by a second
+one-warp kernel.
+
+Tokens are the NumPy sampler's (ratchet/engine/sampler.py) bit for bit: the same Philox
+stream, and the Gumbel noise read from a table of the reference's own `gumbel_noise` over all
+2**UNIFORM_BITS uniforms it can draw (32 MiB on the GPU, built once per process), so the
+noise does not depend on how the host's or the GPU's float32 log rounds. Log-probabilities
+agree to float32 rounding (online log-sum-exp, fp32 exponentials summed in fp64).
+"""
+
+from __future__ import annotations
+
+import cupy as cp
+import numpy as np
+
+from ratchet.engine.cuda import loader
+from ratchet.engine.rng import UNIFORM_BITS, as_uint32, bits_to_uniform
+from ratchet.engine.sampler import gumbel_noise
+
+BLOCK = 256
+NCHUNKS = 8  # blocks per row; at most 32 (one warp merges them)
+PARTIAL_DOUBLES = 3  # sizeof(struct Partial) == 24 bytes
+_tables: dict[int, cp.ndarray] = {}
+_kernels: dict = {}
+
+
+def gumbel_table() -> cp.ndarray:
+    """float32 [2**UNIFORM_BITS] on the current device: -log(-log(u_m)) as the reference computes it."""
+    device = cp.cuda.runtime.getDevice()
+    table = _tables.get(device)
+    if table is None:
+        top = np.arange(2 ** UNIFORM_BITS, dtype=np.uint32) << np.uint32(32 - UNIFORM_BITS)
+        host = gumbel_noise(bits_to_uniform(top)).astype(np.float32)
+        table = cp.asarray(host)
+        _tables[device] = table
+    return table
+
+
+def _kernel(name: str):
+    key = (name, cp.cuda.runtime.getDevice())
+    fn = _kernels.get(key)
+    if fn is None:
+        fn = _kernels[key] = loader.load("sampler").get_function(name)
+    return fn
+
+
+def workspace(rows: int) -> cp.ndarray:
+    """Scratch for the per-chunk partial results of `rows` rows."""
+    return cp.empty(rows * NCHUNKS * PARTIAL_DOUBLES, dtype=np.float64)
+
+
+def pack_params(seeds, request_ids, token_indices, temperatures, greedy) -> np.ndarray:
+    """int32 [5, B]: key0 (seed), key1 (request id), counter (token index), T (float32 bits), greedy."""
+    b = len(temperatures)
+    params = np.empty((5, b), dtype=np.int32)
+    params[0] = as_uint32(seeds).view(np.int32)
+    params[1] = as_uint32(request_ids).view(np.int32)
+    params[2] = as_uint32(token_indices).view(np.int32)
+    params[3] = np.asarray(temperatures, dtype=np.float32).reshape(b).view(np.int32)
+    params[4] = np.asarray(greedy, dtype=bool).reshape(b)
+    return params
+
+
+def launch(logits: cp.ndarray, params: cp.ndarray, tokens_out: cp.ndarray, logprobs_out: cp.ndarray,
+           table: cp.ndarray | None = None, work: cp.ndarray | None = None) -> None:
+    """Sample rows of `logits` [B, V] fp32 (rows may be strided) with `params` int32 [5, >=B]."""
+    rows, vocab = logits.shape
+    if logits.dtype != np.float32 or logits.strides[1] != 4:
+        raise ValueError("sampler: logits must be float32 with contiguous rows")
+    if params.dtype != np.int32 or params.shape[0] != 5 or params.shape[1] < rows or not params.flags.c_contiguous:
+        raise ValueError(f"sampler: params must be int32 [5, >= {rows}], contiguous")
+    if tokens_out.dtype != np.int32 or logprobs_out.dtype != np.float32 or tokens_out.shape[0] < rows \
+            or logprobs_out.shape[0] < rows:
+        raise ValueError("sampler: outputs must be int32 and float32 of at least B rows")
+    if rows == 0:
+        return
+    if table is None:
+        table = gumbel_table()
+    if work is None:
+        work = workspace(rows)
+    if work.dtype != np.float64 or work.size < rows * NCHUNKS * PARTIAL_DOUBLES:
+        raise ValueError("sampler: workspace too small (see sampler.workspace)")
+    views = [params[i, :rows] for i in range(5)]  # contiguous: a prefix of one row
+    stride, chunk = np.int64(logits.strides[0] // 4), np.int32(-(-vocab // NCHUNKS))
+    temps = views[3].view(np.float32)
+    _kernel("sample_partial")((rows, NCHUNKS), (BLOCK,), (
+        logits, stride, np.int32(vocab), chunk, views[0], views[1], views[2], temps, views[4],
+        table, np.int32(UNIFORM_BITS), work))
+    _kernel("sample_combine")((rows,), (32,), (
+        logits, stride, np.int32(vocab), np.int32(NCHUNKS), temps, views[4], work, tokens_out, logprobs_out))
+
+
+def sample(logits: cp.ndarray, seeds, request_ids, token_indices, temperatures,
+           greedy) -> tuple[cp.ndarray, cp.ndarray]:
+    """(tokens int32 [B], logprobs float32 [B]) on the GPU for `logits` [B, V] on the GPU."""
+    rows = logits.shape[0]
+    temps = np.asarray(temperatures, dtype=np.float32).reshape(rows)
+    is_greedy = np.asarray(greedy, dtype=bool).reshape(rows)
+    if np.any(temps[~is_greedy] <= 0):
+        raise ValueError("sample: temperature must be > 0 for non-greedy rows")
+    params = cp.asarray(pack_params(seeds, request_ids, token_indices, temps, is_greedy))
+    tokens = cp.empty(rows, dtype=np.int32)
+    logprobs = cp.empty(rows, dtype=np.float32)
+    launch(logits, params, tokens, logprobs)
+    return tokens, logprobs

@@ -1,0 +1,336 @@
+"""The CUDA backend on the GPU: each kernel against NumPy, the backend against the NumPy
+backend, the sampler against the NumPy sampler, determinism, in-place weight sync, and the
+engine against the trainer on Qwen2.5-0.5B shapes.
+
+Run on the GPU machine: `PYTHONPATH=. python3 -m pytest -m gpu tests/test_cuda_engine.py`.
+Without CUDA and CuPy every test here is skipped (tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from ratchet.model.config import ModelConfig
+from ratchet.model.dtypes import round_to
+from ratchet.model.layout import expected_shapes
+
+pytestmark = pytest.mark.gpu
+
+
+@dataclasses.dataclass
+class FakeModel:  # the EngineModel duck type
+    cfg: ModelConfig
+    weights: dict
+    dtype: str
+
+
+def small_config(kind: str) -> ModelConfig:
+    if kind == "a":  # head_dim 32, group 2, tied, qkv bias
+        return ModelConfig(arch="qwen2", vocab_size=384, hidden_size=128, intermediate_size=320, num_layers=2,
+                           num_heads=4, num_kv_heads=2, head_dim=32, qkv_bias=True, tie_word_embeddings=True,
+                           rope_theta=10000.0, eos_token_ids=[])
+    # Qwen2.5-0.5B's attention shape (head_dim 64, 14 heads, 2 kv heads), small elsewhere, untied
+    return ModelConfig(arch="qwen2", vocab_size=500, hidden_size=256, intermediate_size=512, num_layers=2,
+                       num_heads=14, num_kv_heads=2, head_dim=64, qkv_bias=False, tie_word_embeddings=False,
+                       rope_theta=1e6, eos_token_ids=[])
+
+
+def random_weights(cfg: ModelConfig, seed: int, dtype: str) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    weights = {}
+    for name, shape in expected_shapes(cfg).items():
+        if name.endswith("norm.weight"):
+            w = 1.0 + 0.1 * rng.standard_normal(shape)
+        elif name.endswith(".bias"):
+            w = 0.1 * rng.standard_normal(shape)
+        elif name == "embed.weight":
+            w = rng.standard_normal(shape)
+        else:
+            w = rng.standard_normal(shape) * (1.5 if name == "lm_head.weight" else 1.0) / np.sqrt(shape[1])
+        weights[name] = round_to(w.astype(np.float32), dtype)
+    return weights
+
+
+def host(x) -> np.ndarray:
+    """NumPy from a CuPy or NumPy array (the CUDA backend returns logits on the GPU)."""
+    import cupy as cp
+
+    return cp.asnumpy(x) if isinstance(x, cp.ndarray) else np.asarray(x)
+
+
+def rel_err(a, b) -> float:
+    a, b = host(a).astype(np.float64), host(b).astype(np.float64)
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+# ------------------------------------------------------------------ kernels
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32"])
+def test_kernels_against_numpy(dtype):
+    from ratchet.engine.cuda.selftest import format_results, selftest
+
+    results = selftest(dtype, shapes=((64, 14, 2), (128, 16, 4), (32, 4, 2)), raise_on_fail=False)
+    print(f"\n{dtype}\n" + format_results(results))
+    assert results["ok"], format_results(results)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_sampler_tokens_equal_numpy(seed):
+    import cupy as cp
+
+    from ratchet.engine import sampler as np_sampler
+    from ratchet.engine.cuda import sampler as gpu_sampler
+
+    rng = np.random.default_rng(seed)
+    rows, vocab = 64, 151936
+    logits = (rng.standard_normal((rows, vocab)) * rng.uniform(0.5, 8, (rows, 1))).astype(np.float32)
+    seeds, rids = rng.integers(0, 2**32, rows), rng.integers(0, 2**32, rows)
+    idx = rng.integers(0, 4096, rows)
+    temps = rng.uniform(0.2, 2.0, rows).astype(np.float32)
+    greedy = rng.random(rows) < 0.25
+    want_t, want_lp = np_sampler.sample(logits, seeds, rids, idx, temps, greedy)
+    got_t, got_lp = gpu_sampler.sample(cp.asarray(logits), seeds, rids, idx, temps, greedy)
+    np.testing.assert_array_equal(cp.asnumpy(got_t), want_t)
+    d = np.abs(cp.asnumpy(got_lp) - want_lp)
+    print(f"\nsampler seed {seed}: logprob max |d| {d.max():.3g}, mean {d.mean():.3g}")
+    assert d.max() <= 1e-5 * max(1.0, float(np.abs(want_lp).max()))
+
+
+# ------------------------------------------------------------------ backend vs NumPy backend
+
+
+def _pair(kind: str, dtype: str, max_batch: int = 8, max_seq: int = 256):
+    from ratchet.engine.cuda.backend import CudaBackend
+    from ratchet.engine.numpy.backend import NumpyBackend
+
+    cfg = small_config(kind)
+    weights = random_weights(cfg, 7, dtype)
+    cuda, ref = CudaBackend(cfg, dtype, max_batch, max_seq), NumpyBackend(cfg, dtype, max_batch, max_seq)
+    cuda.load_weights(weights)
+    ref.load_weights(weights)
+    return cfg, weights, cuda, ref
+
+
+@pytest.mark.parametrize("kind", ["a", "b"])
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_backend_matches_numpy_backend(kind, dtype):
+    cfg, _, cuda, ref = _pair(kind, dtype)
+    rng = np.random.default_rng(3)
+    slots = [5, 0, 3, 6]
+    prompts = [rng.integers(0, cfg.vocab_size, n).tolist() for n in (1, 70, 129, 17)]
+    # one packed prefill on the GPU, one sequence at a time on the CPU; then an appended piece
+    got = cuda.prefill_batch(slots, prompts)
+    want = np.stack([ref.prefill(s, p, 0) for s, p in zip(slots, prompts)])
+    errs = [rel_err(got, want)]
+    extra = rng.integers(0, cfg.vocab_size, 9).tolist()
+    errs.append(rel_err(cuda.prefill(slots[1], extra, 70), ref.prefill(slots[1], extra, 70)))
+    lengths = [len(p) for p in prompts]
+    lengths[1] += len(extra)
+    agree = total = 0
+    tokens = [int(np.argmax(w)) for w in want]
+    for step in range(24):
+        positions = lengths
+        got = cuda.decode(slots, tokens, positions)
+        want = ref.decode(slots, tokens, positions)
+        errs.append(rel_err(got, want))
+        agree += int(np.sum(np.argmax(host(got), -1) == np.argmax(want, -1)))
+        total += len(slots)
+        tokens = [int(t) for t in np.argmax(want, -1)]  # teacher-forced: both see the same tokens
+        lengths = [n + 1 for n in lengths]
+    print(f"\n{kind}/{dtype}: logits rel err max {max(errs):.3g} mean {np.mean(errs):.3g}; "
+          f"argmax agree {agree}/{total}")
+    assert max(errs) <= (2e-3 if dtype == "fp16" else 1.5e-2)
+    assert agree >= total - 1
+
+
+@pytest.mark.parametrize("kind", ["a", "b"])
+def test_engine_greedy_tokens_identical(kind):
+    from ratchet.engine.engine import Engine
+    from ratchet.engine.request import Request
+
+    cfg = small_config(kind)
+    model = FakeModel(cfg, random_weights(cfg, 11, "fp16"), "fp16")
+    rng = np.random.default_rng(5)
+    prompts = [rng.integers(0, cfg.vocab_size, n).tolist() for n in (3, 40, 90, 12, 65, 7)]
+
+    def run(backend):
+        engine = Engine(model, backend=backend, max_batch_size=4, max_seq_len=256)
+        reqs = [Request(i, p, max_new_tokens=30, greedy=True, temperature=0.0) for i, p in enumerate(prompts)]
+        return engine.generate(reqs)
+
+    got, want = run("cuda"), run("numpy")
+    for g, w in zip(got, want):
+        assert g.output == w.output
+        np.testing.assert_allclose(g.logprobs, w.logprobs, atol=5e-3)
+
+
+def test_decode_sample_matches_host_sampler():
+    from ratchet.engine import sampler as np_sampler
+
+    cfg, _, cuda, _ = _pair("b", "fp16")
+    rng = np.random.default_rng(9)
+    slots = [1, 2, 4]
+    prompts = [rng.integers(0, cfg.vocab_size, n).tolist() for n in (5, 33, 64)]
+    cuda.prefill_batch(slots, prompts)
+    positions = [len(p) for p in prompts]
+    tokens = [3, 4, 5]
+    seeds, rids, idx = [1, 2, 3], [10, 11, 12], [0, 0, 0]
+    temps, greedy = [1.0, 0.7, 0.0], [False, False, True]
+    logits = cuda.decode(slots, tokens, positions)
+    want_t, want_lp = np_sampler.sample(host(logits), seeds, rids, idx, temps, greedy)
+    got_t, got_lp = cuda.decode_sample(slots, tokens, positions, seeds, rids, idx, temps, greedy)  # rewrites the tail
+    np.testing.assert_array_equal(got_t, want_t)
+    np.testing.assert_allclose(got_lp, want_lp, atol=1e-5)
+    t2, lp2 = cuda.sample(logits, seeds, rids, idx, temps, greedy)  # the protocol's path
+    np.testing.assert_array_equal(t2, want_t)
+    np.testing.assert_allclose(lp2, want_lp, atol=1e-5)
+
+
+# ------------------------------------------------------------------ determinism
+
+
+def _rollout(cuda, cfg, use_graphs=True):
+    rng = np.random.default_rng(13)
+    cuda.use_graphs = use_graphs
+    slots = list(range(6))
+    prompts = [rng.integers(0, cfg.vocab_size, int(n)).tolist() for n in rng.integers(1, 80, len(slots))]
+    logits = [host(cuda.prefill_batch(slots, prompts))]
+    tokens = [int(np.argmax(x)) for x in logits[0]]
+    positions = [len(p) for p in prompts]
+    out_tokens, out_lp = [], []
+    for step in range(20):
+        active = slots[: 6 - step // 5]  # the batch shrinks: 6, 5 (bucket 8), 4, 3 (bucket 4)
+        t, lp = cuda.decode_sample(active, tokens[: len(active)], positions[: len(active)], [0] * len(active),
+                                   active, [step] * len(active), [1.0] * len(active), [False] * len(active))
+        out_tokens.append(t)
+        out_lp.append(lp)
+        tokens = list(t) + tokens[len(active):]
+        positions = [p + 1 if i < len(active) else p for i, p in enumerate(positions)]
+    return logits, out_tokens, out_lp
+
+
+def test_run_to_run_identical_and_graphs_equal_eager():
+    from ratchet.engine.cuda.backend import CudaBackend
+
+    cfg = small_config("b")
+    weights = random_weights(cfg, 21, "fp16")
+    runs = []
+    for use_graphs in (True, True, False):
+        cuda = CudaBackend(cfg, "fp16", 8, 256)
+        cuda.load_weights(weights)
+        runs.append(_rollout(cuda, cfg, use_graphs))
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other):
+            for x, y in zip(a, b):
+                np.testing.assert_array_equal(x, y)
+
+
+# ------------------------------------------------------------------ weight sync
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_inplace_sync_bit_equal_to_reload(dtype):
+    import cupy as cp
+    import torch
+
+    from ratchet.engine.cuda.backend import CudaBackend
+
+    cfg = small_config("a")
+    torch.manual_seed(0)
+    masters = {name: torch.randn(shape, device="cuda") * 0.3 for name, shape in expected_shapes(cfg).items()}
+    masters["embed.weight"][0, :4] = torch.tensor([65519.0, 1e-8, -3.0e38, 0.33333334])  # edges
+    synced = CudaBackend(cfg, dtype, 4, 128)
+    synced.load_weights(random_weights(cfg, 1, dtype))  # old weights, then the in-place sync
+    synced.update_weights(masters)
+    reloaded = CudaBackend(cfg, dtype, 4, 128)
+    reloaded.load_weights({k: round_to(v.cpu().numpy(), dtype) for k, v in masters.items()})
+    for name in expected_shapes(cfg):
+        a, b = synced.weight_buffer(name), reloaded.weight_buffer(name)
+        assert bool(cp.all(a.view(cp.uint16 if a.dtype != cp.float32 else cp.uint32)
+                           == b.view(cp.uint16 if b.dtype != cp.float32 else cp.uint32))), name
+    prompt = list(range(1, 40))
+    np.testing.assert_array_equal(host(synced.prefill(0, prompt)), host(reloaded.prefill(0, prompt)))
+
+
+# ------------------------------------------------------------------ engine vs trainer
+
+
+def qwen05_config() -> ModelConfig:
+    return ModelConfig(arch="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864, num_layers=24,
+                       num_heads=14, num_kv_heads=2, head_dim=64, rope_theta=1e6, rms_norm_eps=1e-6,
+                       tie_word_embeddings=True, qkv_bias=True, eos_token_ids=[])
+
+
+# init -> bound on mean |dlogp|. The gap is the engine's fp16 activations (the contract: stored
+# in the engine dtype where the kernels store them); the trainer keeps fp32 activations. On
+# CPU, the NumPy reference engine against the trainer on these shapes (40 tokens a seed):
+#   "hf"     transformers' Qwen2 init, N(0, 0.02), unit norms, zero biases, near-uniform
+#            outputs (mean logp -11.7): 0.88e-3, 1.13e-3, 1.13e-3 for three seeds; the same
+#            engine with fp32 activations (fp16 weights): 1.2e-6.
+#   "spread" embeddings N(0, 0.1), logits spread over a few nats (mean logp -7.4): 5.7e-3
+#            (the GPU measured 5.6e-3 over 16,384 tokens).
+# So 1e-3 cannot hold for fp16 activations on a 24-layer model; the bounds leave ~40% margin.
+DLOGP_BOUND = {"hf": 1.5e-3, "spread": 1e-2}
+
+
+@pytest.mark.parametrize("init", ["hf", "spread"])
+def test_engine_fp16_vs_trainer_qwen05_shapes(init):
+    """>= 16,000 tokens sampled by the engine (fp16) scored by the trainer with fp16-rounded
+    weights (fp32 compute): mean |logp_engine - logp_trainer| under DLOGP_BOUND[init]."""
+    import torch
+
+    from ratchet.engine.cuda.backend import CudaBackend
+    from ratchet.trainer.policy import Policy
+
+    cfg = qwen05_config()
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        policy = Policy(cfg)
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "norm" in name:
+                p.fill_(1.0)
+                if init == "spread":
+                    p.add_(0.05 * torch.randn_like(p))
+            elif name.endswith("bias"):
+                if init == "spread":
+                    p.normal_(0, 0.05)
+                else:
+                    p.zero_()
+            else:
+                p.normal_(0, 0.1 if (init == "spread" and name == "embed.weight") else 0.02)
+    batch, prompt_len, new = 64, 128, 256
+    engine = CudaBackend(cfg, "fp16", batch, prompt_len + new)
+    engine.load_weights(policy.export_weights())  # in-place sync path, rounded on the GPU
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, cfg.vocab_size, prompt_len).tolist() for _ in range(batch)]
+    slots = list(range(batch))
+    first = engine.prefill_batch(slots, prompts, device=True)
+    tokens, logprobs = engine.sample(first, [0] * batch, slots, [0] * batch, [1.0] * batch, [False] * batch)
+    responses = [[int(t)] for t in tokens]
+    engine_lp = [[float(x)] for x in logprobs]
+    for step in range(1, new):
+        tokens, logprobs = engine.decode_sample(slots, [r[-1] for r in responses], [prompt_len + step - 1] * batch,
+                                                [0] * batch, slots, [step] * batch, [1.0] * batch,
+                                                [False] * batch)
+        for r, lp, t, x in zip(responses, engine_lp, tokens, logprobs):
+            r.append(int(t))
+            lp.append(float(x))
+    del engine
+    with torch.no_grad():
+        trainer_lp = []
+        for i in range(0, batch, 16):
+            lp, mask, _ = policy.token_logprobs(prompts[i:i + 16], responses[i:i + 16], weight_dtype="fp16",
+                                                compute_dtype="fp32")
+            trainer_lp.append(lp[mask].cpu().numpy())
+    trainer_lp = np.concatenate(trainer_lp)
+    engine_flat = np.concatenate([np.asarray(x, np.float32) for x in engine_lp])
+    d = np.abs(engine_flat - trainer_lp)
+    print(f"\nengine fp16 vs trainer (fp16 weights, fp32 compute), init {init}: {d.size} tokens, "
+          f"mean |dlogp| {d.mean():.3g}, max {d.max():.3g}, mean logp {engine_flat.mean():.3f}")
+    assert d.size >= 16000
+    assert d.mean() <= DLOGP_BOUND[init]
