@@ -67,6 +67,13 @@ class Backend(Protocol):
     def decode(self, slots: Sequence[int], tokens: Sequence[int],
                positions: Sequence[int]) -> np.ndarray: ...
 
+    def prefill_sample(self, slots: Sequence[int], token_lists: Sequence[Sequence[int]],
+                       seeds, request_ids, token_indices, temperatures,
+                       greedy) -> tuple[np.ndarray, np.ndarray]:
+        """`prefill_batch` from position 0, then the sampler on each last position's logits,
+        where they are (the GPU never ships [n, V] logits to the host)."""
+        ...
+
     def decode_sample(self, slots: Sequence[int], tokens: Sequence[int], positions: Sequence[int],
                       seeds, request_ids, token_indices, temperatures,
                       greedy) -> tuple[np.ndarray, np.ndarray]: ...

@@ -20,7 +20,6 @@ import numpy as np
 
 from ratchet.engine.backend import make_backend
 from ratchet.engine.request import Request
-from ratchet.engine.sampler import sample
 from ratchet.engine.scheduler import Scheduler, Sequence
 
 DEFAULT_MAX_SEQ_LEN = 4096
@@ -143,11 +142,11 @@ class Engine:
         if not ready:
             return finished
         token_lists = [s.request.prompt + s.request.output for s in ready]
-        logits = self.backend.prefill_batch([s.slot for s in ready], token_lists)  # [n, V]
-        for seq, tokens in zip(ready, token_lists):
-            seq.num_cached_tokens = len(tokens)
-            self.stats.num_prefill_tokens += len(tokens)
-        tokens, logprobs = sample(logits, **self._sampling_params(ready))
+        tokens, logprobs = self.backend.prefill_sample([s.slot for s in ready], token_lists,
+                                                       **self._sampling_params(ready))
+        for seq, ids in zip(ready, token_lists):
+            seq.num_cached_tokens = len(ids)
+            self.stats.num_prefill_tokens += len(ids)
         return finished + self._append(ready, tokens, logprobs)
 
     def _decode(self, running: list[Sequence]) -> list[Request]:

@@ -321,6 +321,13 @@ class CudaBackend:
             out = self.dec.out.get()  # tokens and logprobs of the whole bucket: one small copy
         return out[0, :n].astype(np.int64), out[1, :n].view(np.float32).copy()
 
+    def prefill_sample(self, slots, token_lists, seeds, request_ids, token_indices, temperatures,
+                       greedy) -> tuple[np.ndarray, np.ndarray]:
+        """Prefill from position 0 and sample each sequence's next token where its logits
+        are: only tokens and log-probabilities cross to the host."""
+        logits = self.prefill_batch(slots, token_lists, device=True)
+        return self.sample(logits, seeds, request_ids, token_indices, temperatures, greedy)
+
     def prefill(self, slot: int, token_ids: Sequence[int], start_pos: int = 0, device: bool = False):
         """float32 logits [V] of the last position (NumPy; CuPy with device=True)."""
         return self.prefill_batch([slot], [token_ids], [start_pos], device=device)[0]

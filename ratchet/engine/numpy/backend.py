@@ -93,6 +93,11 @@ class NumpyBackend:
         return np.stack([self.prefill(slot, ids, start)
                          for slot, ids, start in zip(slots, token_lists, starts)])
 
+    def prefill_sample(self, slots, token_lists, seeds, request_ids, token_indices,
+                       temperatures, greedy) -> tuple[np.ndarray, np.ndarray]:
+        return sample(self.prefill_batch(slots, token_lists), seeds, request_ids, token_indices,
+                      temperatures, greedy)
+
     def decode_sample(self, slots, tokens, positions, seeds, request_ids, token_indices,
                       temperatures, greedy) -> tuple[np.ndarray, np.ndarray]:
         return sample(self.decode(slots, tokens, positions), seeds, request_ids, token_indices,
