@@ -15,3 +15,20 @@ rule eval_baseline:
         P.benchmark("eval_baseline")
     shell:
         ratchet_cmd("eval_baseline")
+
+
+rule bench:
+    input:
+        build=rules.build_engine.output.build,
+    output:
+        bench=P.bench,
+    params:
+        settings=stage_settings("bench"),
+    conda:
+        "../envs/ratchet.yaml"
+    log:
+        P.log("bench"),
+    benchmark:
+        P.benchmark("bench")
+    shell:
+        ratchet_cmd("bench")

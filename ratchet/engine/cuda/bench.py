@@ -368,6 +368,29 @@ def bench(batch: int = 64, big_batch: int = 512, prompt_len: int = 128, new_toke
     return results
 
 
+def headline(results: dict) -> dict:
+    """The figures the issue tracks (medians), flat, from a full `bench()` result."""
+    def get(section, key):
+        value = results.get(section, {}).get(key)
+        return float(value) if isinstance(value, (int, float)) else None
+
+    out = {
+        "decode_ms_per_step_b64": get("decode", "step_ms_median (wall, decode_sample)"),
+        "decode_graph_replay_ms_b64": get("decode", "step_ms_graph_replay (ctx 384)"),
+        "decode_bandwidth_TBps_b64": get("decode", "bandwidth_TBps (replay, last ctx)"),
+        "hf_ms_per_step_b64": get("hf", "step_ms"),
+        "decode_tok_per_s_b512": get("throughput", "tokens_per_s (decode)"),
+        "sync_ms": None if get("sync", "inplace_s") is None else 1e3 * get("sync", "inplace_s"),
+        "save_reload_ms": None if get("sync", "reload_total_s") is None
+        else 1e3 * get("sync", "reload_total_s"),
+        "sampler_ms": get("sampler", "ours_ms"),
+        "torch_sort_sampler_ms": get("sampler", "torch_top_p_sort_ms"),
+    }
+    if out["decode_ms_per_step_b64"] and out["hf_ms_per_step_b64"]:
+        out["decode_speedup_vs_hf_b64"] = out["hf_ms_per_step_b64"] / out["decode_ms_per_step_b64"]
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None)
@@ -377,6 +400,7 @@ def main() -> None:
     ap.add_argument("--big-batch", type=int, default=512)
     args = ap.parse_args()
     res = bench(batch=args.batch, big_batch=args.big_batch, dtype=args.dtype, sections=args.sections.split(","))
+    res["headline"] = headline(res)
     text = json.dumps(res, indent=2, default=float)
     if args.out:
         with open(args.out, "w") as f:

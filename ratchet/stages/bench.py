@@ -1,0 +1,32 @@
+"""bench: the CUDA engine beside HF transformers, save-and-reload and sort-based sampling,
+on Qwen2.5-0.5B shapes with random weights (not part of `all`: it measures, it makes nothing
+the study needs). Writes results/<run>/bench/bench.json and the headline figures."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from ratchet.device import cuda_available, describe
+from ratchet.paths import RunPaths
+from ratchet.tracking import code_version
+
+
+def bench(cfg: dict, run) -> None:
+    if not cuda_available():
+        raise RuntimeError("bench: needs a CUDA GPU through CuPy (it measures the CUDA engine)")
+    from ratchet.engine.cuda.bench import bench as run_bench
+    from ratchet.engine.cuda.bench import headline
+
+    results = run_bench(dtype=cfg["engine"]["dtype"])
+    results["headline"] = headline(results)
+    results["commit"] = code_version()
+    results["device"] = describe()
+    out = RunPaths.from_config(cfg).bench
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(results, indent=2, default=float) + "\n")
+    os.replace(tmp, out)
+    run.log_metrics({f"bench/{k}": v for k, v in results["headline"].items() if v is not None})
+    run.log_output(out)
+    print(json.dumps(results["headline"], indent=2))
