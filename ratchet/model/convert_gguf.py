@@ -162,19 +162,30 @@ def _eos_ids(reader: gguf.GGUFReader, meta: dict) -> list[int]:
 
 def write_gguf_tokenizer(path: Path, out_dir: str | Path) -> None:
     """tokenizer.json + tokenizer_config.json (with chat_template) rebuilt from GGUF metadata."""
-    from transformers import PreTrainedTokenizerFast
-    from transformers.integrations.gguf import convert_gguf_tokenizer, get_gguf_tokenizer
-
     try:
-        arch, tokenizer_dict, tokenizer_config = get_gguf_tokenizer(str(path))
+        tokenizer = _gguf_tokenizer(path)
     except Exception as e:
         raise ValueError(f"{path}: cannot read the tokenizer metadata: {type(e).__name__}: {e}") from None
-    backend, extra = convert_gguf_tokenizer(arch, tokenizer_dict)
-    tokenizer_config = {k: v for k, v in (tokenizer_config | extra).items() if v is not None}
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, **tokenizer_config)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(out_dir)
     inline_chat_template(out_dir)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         print(f"wrote {out_dir / name}")
+
+
+def _gguf_tokenizer(path: Path):
+    """transformers' own GGUF tokenizer conversion. Its internal helpers (which skip a second
+    parse of the metadata) moved between 5.x releases; the public `from_pretrained(gguf_file=)`
+    is the fallback that every release has."""
+    try:
+        from transformers import PreTrainedTokenizerFast
+        from transformers.integrations.gguf import convert_gguf_tokenizer, get_gguf_tokenizer
+    except ImportError:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    arch, tokenizer_dict, tokenizer_config = get_gguf_tokenizer(str(path))
+    backend, extra = convert_gguf_tokenizer(arch, tokenizer_dict)
+    tokenizer_config = {k: v for k, v in (tokenizer_config | extra).items() if v is not None}
+    return PreTrainedTokenizerFast(tokenizer_object=backend, **tokenizer_config)
