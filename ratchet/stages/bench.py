@@ -16,7 +16,7 @@ def bench(cfg: dict, run) -> None:
     if not cuda_available():
         raise RuntimeError("bench: needs a CUDA GPU through CuPy (it measures the CUDA engine)")
     from ratchet.engine.cuda.bench import bench as run_bench
-    from ratchet.engine.cuda.bench import headline
+    from ratchet.engine.cuda.headline import headline
 
     results = run_bench(dtype=cfg["engine"]["dtype"])
     results["headline"] = headline(results)

@@ -27,6 +27,8 @@ import time
 import traceback
 
 import cupy as cp
+
+from ratchet.engine.cuda.headline import headline
 import numpy as np
 
 from ratchet.model.config import ModelConfig
@@ -366,29 +368,6 @@ def bench(batch: int = 64, big_batch: int = 512, prompt_len: int = 128, new_toke
             and "step_ms_median (wall, decode_sample)" in results["decode"]:
         results["decode_speedup_vs_hf"] = results["hf"]["step_ms"] / results["decode"]["step_ms_median (wall, decode_sample)"]
     return results
-
-
-def headline(results: dict) -> dict:
-    """The figures the issue tracks (medians), flat, from a full `bench()` result."""
-    def get(section, key):
-        value = results.get(section, {}).get(key)
-        return float(value) if isinstance(value, (int, float)) else None
-
-    out = {
-        "decode_ms_per_step_b64": get("decode", "step_ms_median (wall, decode_sample)"),
-        "decode_graph_replay_ms_b64": get("decode", "step_ms_graph_replay (ctx 384)"),
-        "decode_bandwidth_TBps_b64": get("decode", "bandwidth_TBps (replay, last ctx)"),
-        "hf_ms_per_step_b64": get("hf", "step_ms"),
-        "decode_tok_per_s_b512": get("throughput", "tokens_per_s (decode)"),
-        "sync_ms": None if get("sync", "inplace_s") is None else 1e3 * get("sync", "inplace_s"),
-        "save_reload_ms": None if get("sync", "reload_total_s") is None
-        else 1e3 * get("sync", "reload_total_s"),
-        "sampler_ms": get("sampler", "ours_ms"),
-        "torch_sort_sampler_ms": get("sampler", "torch_top_p_sort_ms"),
-    }
-    if out["decode_ms_per_step_b64"] and out["hf_ms_per_step_b64"]:
-        out["decode_speedup_vs_hf_b64"] = out["hf_ms_per_step_b64"] / out["decode_ms_per_step_b64"]
-    return out
 
 
 def main() -> None:

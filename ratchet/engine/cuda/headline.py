@@ -1,0 +1,27 @@
+"""The bench figures the issues track, flattened from a full `bench()` result (no CuPy
+needed: records are written from results fetched off the GPU machine)."""
+
+from __future__ import annotations
+
+
+def headline(results: dict) -> dict:
+    """The figures the issue tracks (medians), flat, from a full `bench()` result."""
+    def get(section, key):
+        value = results.get(section, {}).get(key)
+        return float(value) if isinstance(value, (int, float)) else None
+
+    out = {
+        "decode_ms_per_step_b64": get("decode", "step_ms_median (wall, decode_sample)"),
+        "decode_graph_replay_ms_b64": get("decode", "step_ms_graph_replay (ctx 384)"),
+        "decode_bandwidth_TBps_b64": get("decode", "bandwidth_TBps (replay, last ctx)"),
+        "hf_ms_per_step_b64": get("hf", "step_ms"),
+        "decode_tok_per_s_b512": get("throughput", "tokens_per_s (decode)"),
+        "sync_ms": None if get("sync", "inplace_s") is None else 1e3 * get("sync", "inplace_s"),
+        "save_reload_ms": None if get("sync", "reload_total_s") is None
+        else 1e3 * get("sync", "reload_total_s"),
+        "sampler_ms": get("sampler", "ours_ms"),
+        "torch_sort_sampler_ms": get("sampler", "torch_top_p_sort_ms"),
+    }
+    if out["decode_ms_per_step_b64"] and out["hf_ms_per_step_b64"]:
+        out["decode_speedup_vs_hf_b64"] = out["hf_ms_per_step_b64"] / out["decode_ms_per_step_b64"]
+    return out
