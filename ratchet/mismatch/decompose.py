@@ -1,0 +1,101 @@
+"""The training-inference gap cut into its sources, each switched on alone.
+
+    frame = decomposition(setup, settings)   # one row per (updates, engine dtype, source)
+
+After 0, 1, 3, ... real GRPO updates of fp32 masters (plain GRPO, the pipeline's engine
+sampling), an engine of each dtype in `engine_dtypes` is synced from the masters (rounded at
+the copy, as a weight sync does) and samples one fresh answer per measurement prompt. On
+those same tokens, per engine dtype E:
+
+| source            | reference                         | against                                   |
+|-------------------|-----------------------------------|-------------------------------------------|
+| `weight_rounding` | trainer, fp32 weights, fp32 maths | trainer, weights rounded to E, fp32 maths |
+| `arithmetic`      | trainer, E weights, fp32 maths    | trainer, E weights, E autocast            |
+| `engine_kernels`  | engine E                          | trainer, E weights, E autocast (closest)  |
+| `total`           | engine E (synced from masters)    | trainer, fp32 weights, fp32 maths         |
+| `fixed`           | engine E                          | trainer, E weights, fp32 maths (the fix)  |
+
+The arithmetic source compares identical weights that are already on the E grid: autocast
+casts the weights it multiplies, so on fp32 masters it would switch weight rounding on too.
+The first three sources chain from the fp32 trainer to the engine, so per token
+total = weight_rounding + arithmetic + engine_kernels (as signed differences), and
+fixed = arithmetic + engine_kernels: `total` is what plain RL trains with, `fixed` what remains
+once the trainer's forward uses the engine's rounded weights. Each row holds the per-token
+|difference of log p| (mean, p99, max) and the share of tokens whose ratio exp(difference)
+leaves [1 - eps, 1 + eps].
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from ratchet.mismatch.fix import AblateSettings, Setup, Trajectory
+
+SOURCES = ("weight_rounding", "arithmetic", "engine_kernels", "total", "fixed")
+# source -> (reference, against); a side is "engine" or (weight_dtype, compute_dtype), "E" = the engine's
+PAIRS = {
+    "weight_rounding": (("fp32", "fp32"), ("E", "fp32")),
+    "arithmetic": (("E", "fp32"), ("E", "E")),
+    "engine_kernels": ("engine", ("E", "E")),
+    "total": ("engine", ("fp32", "fp32")),
+    "fixed": ("engine", ("E", "fp32")),
+}
+
+
+def side_name(side, dtype: str) -> str:
+    if side == "engine":
+        return f"engine {dtype}"
+    w, c = (dtype if s == "E" else s for s in side)
+    return f"trainer {w} weights, {c} maths"
+
+
+def measure_sources(policy, engine, prompts: list[list[int]], max_new_tokens: int, seed: int,
+                    temperature: float = 1.0, eps: float = 0.2) -> list[dict]:
+    """Sync `engine` from the masters, sample, and measure every source on those tokens."""
+    from ratchet.mismatch.compare import engine_logprobs, sample, trainer_logprobs
+    from ratchet.mismatch.metrics import gap_metrics
+    from ratchet.rl.sync import sync_weights
+
+    dtype = engine.dtype
+    sync_weights(engine, policy)
+    reqs = sample(engine, prompts, max_new_tokens, seed, temperature)
+    cache = {"engine": engine_logprobs(reqs)}
+
+    def logprobs(side):
+        key = side if side == "engine" else tuple(dtype if s == "E" else s for s in side)
+        if key not in cache:
+            cache[key] = trainer_logprobs(policy, reqs, temperature, *key)
+        return cache[key]
+
+    rows = []
+    for source in SOURCES:
+        ref, other = PAIRS[source]
+        m = gap_metrics(logprobs(ref), logprobs(other), eps=eps, prefix="")
+        rows.append({"engine_dtype": dtype, "source": source,
+                     "reference": side_name(ref, dtype), "against": side_name(other, dtype),
+                     "abs_diff_mean": m["logprob_abs_diff_mean"],
+                     "abs_diff_p99": m["logprob_abs_diff_p99"],
+                     "abs_diff_max": m["logprob_abs_diff_max"],
+                     "ratio_outside_share": m["ratio_outside_share"],
+                     "kl_k3": m["kl_k3"], "num_tokens": int(m["num_tokens"])})
+    return rows
+
+
+def decomposition(setup: Setup, settings: AblateSettings, log=None) -> pd.DataFrame:
+    """One row per (updates, engine dtype, source); `log(updates, rows)` after each count."""
+    traj = Trajectory(setup, settings.grpo("none"))
+    engines = {dtype: setup.engine(dtype) for dtype in settings.engine_dtypes}
+    rows = []
+    for updates in settings.updates:
+        traj.advance_to(updates, settings.max_steps_per_update)
+        found = []
+        for dtype, engine in engines.items():
+            found += [{"updates": updates, "steps": traj.step, **r} for r in
+                      measure_sources(traj.policy, engine, setup.measure_prompts,
+                                      settings.max_new_tokens, settings.seed + 1,
+                                      settings.temperature, settings.eps)]
+        rows += found
+        if log is not None:
+            log(updates, found)
+    return pd.DataFrame(rows)
+

@@ -1,0 +1,160 @@
+"""The run's figures, drawn with matplotlib's Agg backend into PNG files.
+
+Each function takes what a stage wrote and a path; a figure whose data is missing says so
+on the canvas instead of failing, so the report renders while training is in progress.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+SOURCE_STYLE = {  # source -> (label, colour, line style)
+    "total": ("total: engine vs fp32 trainer", "black", "-"),
+    "weight_rounding": ("weight rounding at sync", "tab:red", "-"),
+    "arithmetic": ("arithmetic precision (autocast)", "tab:blue", "-"),
+    "engine_kernels": ("engine kernels vs closest trainer", "tab:green", "-"),
+    "fixed": ("with the fix (engine-dtype weights)", "tab:purple", "--"),
+}
+RUN_STYLE = {"none": "black", "fix": "tab:purple", "tis": "tab:orange", "mis": "tab:cyan"}
+DPI = 110
+
+
+def _save(fig, path: Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.tmp.png")
+    fig.savefig(tmp, dpi=DPI, bbox_inches="tight", metadata={"Software": None})
+    plt.close(fig)
+    tmp.replace(path)
+    return path
+
+
+def placeholder(path: Path, text: str) -> Path:
+    fig, ax = plt.subplots(figsize=(6, 2))
+    ax.axis("off")
+    ax.text(0.5, 0.5, text, ha="center", va="center", fontsize=12)
+    return _save(fig, path)
+
+
+def _positive(values) -> np.ndarray:
+    """Log axes cannot show 0: mask it (an exactly-zero source is left out at that point)."""
+    v = np.asarray(values, dtype=float)
+    return np.where(v > 0, v, np.nan)
+
+
+def decomposition_figure(frame: pd.DataFrame, path: Path) -> Path:
+    """max and mean |dlogp| (log scale) against updates, one line per source, one column per
+    engine dtype."""
+    dtypes = list(dict.fromkeys(frame["engine_dtype"]))
+    fig, axes = plt.subplots(2, len(dtypes), figsize=(5.2 * len(dtypes), 7.5), squeeze=False,
+                             sharex=True)
+    for col, dtype in enumerate(dtypes):
+        part = frame[frame["engine_dtype"] == dtype]
+        for row, (metric, title) in enumerate([("abs_diff_max", "max |Δ log p|"),
+                                               ("abs_diff_mean", "mean |Δ log p|")]):
+            ax = axes[row][col]
+            for source, (label, colour, style) in SOURCE_STYLE.items():
+                s = part[part["source"] == source].sort_values("updates")
+                if s.empty:
+                    continue
+                ax.plot(s["updates"], _positive(s[metric]), marker="o", color=colour, ls=style,
+                        label=label)
+            ax.set_yscale("log")
+            ax.set_xscale("symlog", linthresh=1)
+            ticks = sorted(part["updates"].unique())
+            ax.set_xticks(ticks)
+            ax.set_xticklabels([str(t) for t in ticks])
+            ax.set_title(f"{dtype} engine: {title}")
+            ax.grid(True, which="both", alpha=0.3)
+            if row == 1:
+                ax.set_xlabel("GRPO updates")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=9, bbox_to_anchor=(0.5, -0.04))
+    fig.suptitle("Training-inference gap by source, on the engine's own fresh rollouts")
+    return _save(fig, path)
+
+
+def visibility_figure(frame: pd.DataFrame, path: Path) -> Path:
+    """Share of engine-dtype values each update changes, and of fp32 masters off the grid."""
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    colours = {"fp16": "tab:red", "bf16": "tab:blue", "fp32": "gray"}
+    moved = frame[frame["update"] > 0].drop_duplicates("update")
+    ax1.plot(moved["update"], _positive(moved["moved_share"]), color="black", ls=":",
+             label="fp32 masters moved")
+    for dtype, part in frame.groupby("dtype", sort=False):
+        upd = part[part["update"] > 0]
+        ax1.plot(upd["update"], _positive(upd["changed_share"]), marker=".", color=colours.get(dtype),
+                 label=f"{dtype} value changed")
+        ax2.plot(part["update"], part["off_grid_share"], marker=".", color=colours.get(dtype),
+                 label=f"masters off the {dtype} grid")
+    ax1.set_yscale("log")
+    ax1.set_title("Which updates the engine sees")
+    ax1.set_xlabel("update")
+    ax1.set_ylabel("share of weights")
+    ax2.set_title("fp32 masters the engine cannot hold")
+    ax2.set_xlabel("updates")
+    ax2.set_ylim(-0.02, 1.02)
+    for ax in (ax1, ax2):
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def fix_figure(steps: pd.DataFrame, path: Path) -> Path:
+    """Per step: the gap between the engine and the trainer as it computes the loss (log), and
+    the reward (running mean over 5 steps), one line per run."""
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for run, part in steps.groupby("run", sort=False):
+        part = part.sort_values("step")
+        colour = RUN_STYLE.get(run)
+        width = 3.5 if run == "none" else 1.5  # runs that coincide stay visible on top of it
+        ax1.plot(part["step"], _positive(part["gap_max"]), color=colour, marker=".", lw=width,
+                 label=f"{run}: max")
+        ax1.plot(part["step"], _positive(part["gap_mean"]), color=colour, ls=":", marker=".", lw=width,
+                 label=f"{run}: mean")
+        ax2.plot(part["step"], part["reward"].rolling(5, min_periods=1).mean(), color=colour, lw=width,
+                 label=run)
+    ax1.set_yscale("log")
+    ax1.set_title("|Δ log p|, engine vs trainer as it computes the loss")
+    ax1.set_xlabel("step")
+    ax2.set_title("reward (running mean of 5 steps)")
+    ax2.set_xlabel("step")
+    for ax in (ax1, ax2):
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7, ncol=2)
+    return _save(fig, path)
+
+
+def training_figure(train: dict[str, pd.DataFrame | None], path: Path) -> Path:
+    """Reward and the mean engine-trainer gap per step for each training mode that ran."""
+    ran = {mode: df for mode, df in train.items() if df is not None and len(df)}
+    if not ran:
+        return placeholder(path, "training: not run")
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for (mode, df), colour in zip(ran.items(), ("tab:blue", "tab:orange", "tab:green")):
+        df = df[df["train/reward"].notna()] if "train/reward" in df else df  # not the eval-only rows
+        df = df.sort_values("step")
+        if "train/reward" in df:
+            ax1.plot(df["step"], df["train/reward"].rolling(5, min_periods=1).mean(), color=colour,
+                     label=mode)
+        if "mismatch/logprob_abs_diff_mean" in df:
+            ax2.plot(df["step"], _positive(df["mismatch/logprob_abs_diff_mean"]), color=colour,
+                     label=f"{mode}: mean")
+        if "mismatch/logprob_abs_diff_max" in df:
+            ax2.plot(df["step"], _positive(df["mismatch/logprob_abs_diff_max"]), color=colour, ls=":",
+                     label=f"{mode}: max")
+    ax1.set_title("reward (running mean of 5 steps)")
+    ax2.set_title("|Δ log p|, engine vs trainer")
+    ax2.set_yscale("log")
+    for ax in (ax1, ax2):
+        ax.set_xlabel("step")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    return _save(fig, path)

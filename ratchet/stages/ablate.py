@@ -1,0 +1,217 @@
+"""ablate_decompose, ablate_visibility, ablate_fix: the mismatch ablations of the study.
+
+    ratchet ablate_decompose --config config/config.yaml
+
+All three start from the converted weights and run real GRPO updates (`ratchet/mismatch/`
+holds the logic; this module only reads inputs, writes results/<run>/ablate/ and tracks):
+- decompose: the gap by source after each count of `ablate.updates` -> decompose.parquet, .png
+- visibility: the share of weights each update changes in fp16/bf16, and of masters off the
+  grids -> visibility.parquet, .png
+- fix: no correction / the fix / TIS / MIS from the same seeds -> fix_steps.parquet (per
+  step), fix.parquet (per run, with the after-training accuracy), fix.png, and summary.json
+  (the records, which also read the decomposition and visibility tables).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import numpy as np
+
+from ratchet.paths import RunPaths
+
+SMALL_MODEL_PARAMS = 50_000_000  # below this, one torch thread beats several (thread start-up)
+
+
+def _write_parquet(df, path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    df.to_parquet(tmp, index=False)
+    os.replace(tmp, path)
+
+
+def _write_json(obj: dict, path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def _one_thread() -> None:
+    """A small model on CPU: one torch and one BLAS thread (faster, and the same sums on any
+    machine, whatever its core count)."""
+    import torch
+
+    torch.set_num_threads(1)
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return
+    threadpool_limits(1)
+
+
+def make_setup(cfg: dict, with_eval: bool = False):
+    """(Setup, AblateSettings) from the converted model, the data splits and the config;
+    `with_eval` adds the test problems of the after-training eval (the `eval:` section)."""
+    import torch
+
+    from ratchet.data.datasets_io import load_split
+    from ratchet.device import resolve_backend
+    from ratchet.mismatch.fix import AblateSettings, Setup
+    from ratchet.model.io import load_engine_model
+    from ratchet.rl.grpo import Task, make_prompt_fn
+
+    paths = RunPaths.from_config(cfg)
+    settings = AblateSettings.from_config(cfg)
+    e = cfg["engine"]
+    backend = resolve_backend(e["backend"])
+    model = load_engine_model(paths.model)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
+    elif sum(int(np.size(w)) for w in model.weights.values()) < SMALL_MODEL_PARAMS:
+        _one_thread()
+    task = Task.load(paths.model, paths.train_data, cfg["data"]["source"])
+    prompt_fn = make_prompt_fn(task.tokenizer, cfg["data"]["source"])
+    test = load_split(paths.test_data)
+    questions = list(test["question"])
+    measure = [prompt_fn(questions[i % len(questions)]) for i in range(settings.num_rollouts)]
+    setup = Setup(model, task, measure, backend=backend, max_batch_size=e["max_batch_size"],
+                  max_seq_len=e["max_seq_len"], device=device, prompt_fn=prompt_fn)
+    if with_eval:
+        n_eval = settings.eval_problems or cfg["eval"]["num_problems"]
+        setup.eval_problems = test.head(n_eval) if n_eval else test
+        setup.eval_max_new_tokens = cfg["eval"]["max_new_tokens"]
+    print(f"[ablate] {backend} engine ({settings.engine_dtype}), trainer on {device}, "
+          f"lr {settings.lr}, {settings.problems_per_step}x{settings.group_size} answers a step, "
+          f"{len(measure)} measurement prompts")
+    return setup, settings
+
+
+# ---------------------------------------------------------------------------- decompose
+def ablate_decompose(cfg: dict, run) -> None:
+    from ratchet.mismatch.decompose import decomposition
+    from ratchet.report.figures import decomposition_figure
+
+    paths = RunPaths.from_config(cfg)
+    setup, settings = make_setup(cfg)
+    start = time.perf_counter()
+
+    def log(updates, rows):
+        run.log_metrics({f"decompose/{r['engine_dtype']}/{r['source']}/{m}": r[m] for r in rows
+                         for m in ("abs_diff_mean", "abs_diff_p99", "abs_diff_max",
+                                   "ratio_outside_share")}, step=updates)
+        for r in rows:
+            print(f"[ablate_decompose] {updates:3d} updates  {r['engine_dtype']} {r['source']:16s} "
+                  f"mean {r['abs_diff_mean']:.2e}  p99 {r['abs_diff_p99']:.2e}  "
+                  f"max {r['abs_diff_max']:.2e}  outside {r['ratio_outside_share']:.4f}", flush=True)
+
+    frame = decomposition(setup, settings, log=log)
+    _write_parquet(frame, paths.decompose_table)
+    decomposition_figure(frame, paths.decompose_figure)
+    run.log_metrics({"time/decompose_s": time.perf_counter() - start})
+    run.log_output(paths.decompose_table)
+    run.log_output(paths.decompose_figure)
+
+
+# ---------------------------------------------------------------------------- visibility
+def ablate_visibility(cfg: dict, run) -> None:
+    from ratchet.mismatch.visibility import visibility
+    from ratchet.report.figures import visibility_figure
+
+    paths = RunPaths.from_config(cfg)
+    setup, settings = make_setup(cfg)
+    start = time.perf_counter()
+
+    def log(update, rows):
+        run.log_metrics({f"visibility/{r['dtype']}/{k}": r[k] for r in rows
+                         for k in ("changed_share", "off_grid_share")}, step=update)
+        print(f"[ablate_visibility] update {update:3d}  " + "  ".join(
+            f"{r['dtype']} changed {r['changed_share']:.4f} off-grid {r['off_grid_share']:.4f}"
+            for r in rows), flush=True)
+
+    frame = visibility(setup, settings, log=log)
+    _write_parquet(frame, paths.visibility_table)
+    visibility_figure(frame, paths.visibility_figure)
+    run.log_metrics({"time/visibility_s": time.perf_counter() - start})
+    run.log_output(paths.visibility_table)
+    run.log_output(paths.visibility_figure)
+
+
+# ---------------------------------------------------------------------------- fix
+def ablate_fix(cfg: dict, run) -> None:
+    import pandas as pd
+
+    from ratchet.mismatch.fix import fix_runs
+    from ratchet.report.figures import fix_figure
+
+    paths = RunPaths.from_config(cfg)
+    setup, settings = make_setup(cfg, with_eval=True)
+    start = time.perf_counter()
+
+    def log(name, step, row):
+        run.log_metrics({f"fix/{name}/{k}": v for k, v in row.items()
+                         if k not in ("run", "step") and np.isfinite(v)}, step=step)
+
+    steps, runs = fix_runs(setup, settings, log=log)
+    print("[ablate_fix] after training:\n" + runs.to_string(index=False), flush=True)
+    _write_parquet(steps, paths.fix_steps)
+    _write_parquet(runs, paths.fix_table)
+    fix_figure(steps, paths.fix_figure)
+    decompose = pd.read_parquet(paths.decompose_table) if paths.decompose_table.is_file() else None
+    vis = pd.read_parquet(paths.visibility_table) if paths.visibility_table.is_file() else None
+    record = records(settings, decompose, vis, runs)
+    record.update({"run_name": cfg["run_name"], "backend": setup.backend})
+    _write_json(record, paths.ablate_summary)
+    print("[ablate_fix] records: " + json.dumps(record), flush=True)
+    run.log_metrics({f"ablate/{k}": v for k, v in record.items()
+                     if isinstance(v, (int, float)) and not isinstance(v, bool)})
+    run.log_metrics({"time/fix_s": time.perf_counter() - start})
+    for path in (paths.fix_steps, paths.fix_table, paths.fix_figure, paths.ablate_summary):
+        run.log_output(path)
+
+
+def records(settings, decompose, vis, runs) -> dict:
+    """summary.json: the headline numbers of the three ablations (None where not measured)."""
+    out: dict = {"engine_dtype": settings.engine_dtype, "lr": settings.lr,
+                 "num_rollouts": settings.num_rollouts, "max_new_tokens": settings.max_new_tokens}
+    if decompose is not None:
+        at = int(decompose["updates"].max())
+        dtype = settings.engine_dtype if settings.engine_dtype in set(decompose["engine_dtype"]) \
+            else str(decompose["engine_dtype"].iloc[0])
+        last = decompose[(decompose["updates"] == at) & (decompose["engine_dtype"] == dtype)]
+        get = lambda source, m: float(last.loc[last["source"] == source, m].iloc[0])  # noqa: E731
+        out.update({"fix_max_gap_updates": at, "fix_max_gap_dtype": dtype,
+                    "total_max_gap": get("total", "abs_diff_max"),
+                    "fixed_max_gap": get("fixed", "abs_diff_max"),
+                    "fix_max_gap_ratio": get("total", "abs_diff_max") / get("fixed", "abs_diff_max"),
+                    "fix_mean_gap_ratio": get("total", "abs_diff_mean") / get("fixed", "abs_diff_mean"),
+                    "weight_rounding_max_gap": get("weight_rounding", "abs_diff_max"),
+                    "engine_kernels_max_gap": get("engine_kernels", "abs_diff_max")})
+        wide = decompose.pivot_table(index=["engine_dtype", "updates"], columns="source",
+                                     values="abs_diff_max")
+        ratio = wide["total"] / wide["fixed"]
+        out["fix_max_gap_ratio_by_updates"] = {
+            d: {str(u): float(ratio[(d, u)]) for u in sorted(decompose["updates"].unique())}
+            for d in dict.fromkeys(decompose["engine_dtype"])}
+    if vis is not None:
+        for dtype in ("fp16", "bf16"):
+            one = vis[(vis["update"] == 1) & (vis["dtype"] == dtype)]
+            last = vis[(vis["update"] == vis["update"].max()) & (vis["dtype"] == dtype)]
+            out[f"visibility_{dtype}_update1"] = float(one["changed_share"].iloc[0]) if len(one) else None
+            out[f"off_grid_{dtype}_last"] = float(last["off_grid_share"].iloc[0]) if len(last) else None
+        out["visibility_updates"] = int(vis["update"].max())
+        out["masters_moved_update1"] = float(vis.loc[vis["update"] == 1, "moved_share"].iloc[0]) \
+            if (vis["update"] == 1).any() else None
+    if runs is not None and len(runs):
+        by = runs.set_index("run")
+        if {"none", "fix"} <= set(by.index):
+            gap = by["final_gap_max"]
+            out["fix_runs_max_gap_ratio"] = float(gap["none"] / gap["fix"])
+        for name in by.index:
+            if "accuracy" in by:
+                out[f"accuracy_{name}"] = float(by.loc[name, "accuracy"])
+            out[f"final_gap_max_{name}"] = float(by.loc[name, "final_gap_max"])
+    return out

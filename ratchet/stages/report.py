@@ -1,0 +1,112 @@
+"""report: results/<run>/report/summary.md with every table of the run, and its figures.
+
+    ratchet report --config config/config.yaml
+
+Reads whatever the other stages have written so far: the baseline and after-training evals,
+the training metrics of each mode, the rerun check, the ablations. A missing output reads "not run" rather
+than failing, so the report can be rebuilt while training is still going. The figures of the
+ablations stay where their stages drew them (linked from summary.md); this stage draws the
+training curves.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from ratchet.paths import RunPaths
+from ratchet.report.tables import TRAIN_MODES
+
+
+def train_metrics_path(paths: RunPaths, mode: str) -> Path:
+    """results/<run>/train/<mode>/metrics.parquet (the training stages' layout)."""
+    method = getattr(paths, "train_metrics", None)
+    if callable(method):
+        return Path(method(mode))
+    return paths.root / "train" / mode / "metrics.parquet"
+
+
+def after_eval_path(paths: RunPaths, mode: str) -> Path:
+    return paths.eval_json(f"after_{mode}")
+
+
+def verify_path(paths: RunPaths) -> Path:
+    """results/<run>/verify/repro.json (the rerun check's record)."""
+    return Path(getattr(paths, "verify_json", paths.root / "verify" / "repro.json"))
+
+
+def training_paths(paths: RunPaths) -> list[Path]:
+    """Every training output the report reads (the Snakemake rule waits for those a rule of
+    the workflow makes)."""
+    return [p for m in TRAIN_MODES for p in (after_eval_path(paths, m), train_metrics_path(paths, m))] \
+        + [verify_path(paths)]
+
+
+def training_inputs(paths: RunPaths, rules) -> list[str]:
+    """The training outputs the report reads that one of `rules` (Snakemake's) makes: the
+    report rule waits for those, and says "not run" for any other that is missing."""
+    wanted = {str(p) for p in training_paths(paths)}
+    return sorted(wanted & {str(f) for r in rules for f in r.output})
+
+
+def _json(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _parquet(path: Path):
+    import pandas as pd
+
+    return pd.read_parquet(path) if path.is_file() else None
+
+
+def gather(cfg: dict):
+    """ReportInputs from results/<run>/, None for each output not there (yet)."""
+    from ratchet.report.summary import ReportInputs
+
+    paths = RunPaths.from_config(cfg)
+    rel = lambda p: os.path.relpath(p, paths.report)  # noqa: E731  links from summary.md
+    build = _json(paths.build)
+    engine = f"{build['backend']}, {build['dtype']}" if build else cfg["engine"]["dtype"]
+    figures = {name: rel(p) if p.is_file() else None for name, p in
+               [("decompose", paths.decompose_figure), ("visibility", paths.visibility_figure),
+                ("fix", paths.fix_figure)]}
+    return ReportInputs(
+        run_name=cfg["run_name"], engine=engine,
+        baseline=_json(paths.eval_json("baseline")),
+        after={m: _json(after_eval_path(paths, m)) for m in TRAIN_MODES},
+        train={m: _parquet(train_metrics_path(paths, m)) for m in TRAIN_MODES},
+        verify=_json(verify_path(paths)),
+        decompose=_parquet(paths.decompose_table), visibility=_parquet(paths.visibility_table),
+        fix_steps=_parquet(paths.fix_steps), fix_runs=_parquet(paths.fix_table),
+        ablate_summary=_json(paths.ablate_summary), ablate_settings=dict(cfg["ablate"]),
+        figures=figures)
+
+
+def report(cfg: dict, run) -> None:
+    from ratchet.report.figures import training_figure
+    from ratchet.report.summary import build_summary
+
+    paths = RunPaths.from_config(cfg)
+    inputs = gather(cfg)
+    training_figure(inputs.train, paths.report_training_figure)
+    inputs.figures["training"] = os.path.relpath(paths.report_training_figure, paths.report)
+    text = build_summary(inputs)
+    paths.report.mkdir(parents=True, exist_ok=True)
+    tmp = paths.report_summary.with_name(f".{paths.report_summary.name}.tmp")
+    tmp.write_text(text + "\n")
+    os.replace(tmp, paths.report_summary)
+    missing = [name for name, v in [("baseline", inputs.baseline),
+                                    *[(f"after {m}", e) for m, e in inputs.after.items()],
+                                    *[(f"train {m}", d) for m, d in inputs.train.items()],
+                                    ("verify", inputs.verify),
+                                    ("decompose", inputs.decompose), ("visibility", inputs.visibility),
+                                    ("fix", inputs.fix_runs)] if v is None]
+    print(f"[report] {paths.report_summary}" + (f" (not run yet: {', '.join(missing)})" if missing else ""))
+    run.set_tags({"report.not_run": ",".join(missing) or "none"})
+    run.log_output(paths.report_summary)
+    run.log_output(paths.report_training_figure)
+    for name in ("decompose", "visibility", "fix"):
+        figure = getattr(paths, f"{name}_figure")
+        if figure.is_file():
+            run.log_output(figure)

@@ -1,0 +1,154 @@
+"""The decomposition (and the visibility count) on a tiny model with real GRPO updates: the
+right rows, sane orderings, an fp32 engine agreeing with the fp32 trainer, and frames that
+are identical when run twice."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from ratchet.data.char_tokenizer import save_char_tokenizer
+from ratchet.data.prompts import make_prompt_fn
+from ratchet.data.synthetic import ALPHABET, make_arithmetic
+from ratchet.data.tokenizer import load_tokenizer
+from ratchet.mismatch.decompose import SOURCES, decomposition
+from ratchet.mismatch.fix import AblateSettings, Setup
+from ratchet.mismatch.visibility import visibility
+from ratchet.model.convert_hf import convert_hf
+from ratchet.model.io import load_engine_model, save_engine_model
+from ratchet.model.tiny import make_tiny_model
+from ratchet.rl.grpo import Task
+
+# the study's lr: a step of 1e-6 is a fraction of the fp16 spacing of most weights (N(0, 0.02))
+SETTINGS = dict(updates=(0, 1, 3), num_rollouts=16, max_new_tokens=4, problems_per_step=4,
+                group_size=8, lr=1e-6, engine_dtypes=("fp16", "bf16", "fp32"),
+                visibility_updates=3, max_steps_per_update=30, seed=0, engine_dtype="fp16")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A seeded tiny Qwen2 model converted to fp16, and the synthetic task."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a model this small: thread start-up costs more than the maths
+    root = tmp_path_factory.mktemp("tiny")
+    save_char_tokenizer(root / "tok", ALPHABET)
+    tok = load_tokenizer(root / "tok")
+    make_tiny_model(root / "hf", seed=0, vocab_size=tok.vocab_size, hidden_size=32,
+                    intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1,
+                    tokenizer_dir=root / "tok", eos_token_id=tok.eos_ids[0], pad_token_id=tok.pad_id)
+    cfg, weights = convert_hf(root / "hf")
+    save_engine_model(root / "model", cfg, weights, "fp16", tokenizer_dir=root / "hf")
+    model = load_engine_model(root / "model")
+    tokenizer = load_tokenizer(root / "model")
+    prompt_fn = make_prompt_fn(tokenizer, "synthetic")
+    train, test = make_arithmetic(400, 40, seed=0)
+    task = Task([prompt_fn(q) for q in train["question"]], list(train["target"]), tokenizer)
+    measure = [prompt_fn(q) for q in test["question"][:SETTINGS["num_rollouts"]]]
+    yield Setup(model, task, measure, backend="numpy", max_batch_size=64, max_seq_len=32)
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def frame(tiny) -> pd.DataFrame:
+    return decomposition(tiny, AblateSettings(**SETTINGS))
+
+
+def row(frame, updates, dtype, source):
+    r = frame[(frame["updates"] == updates) & (frame["engine_dtype"] == dtype) & (frame["source"] == source)]
+    assert len(r) == 1, (updates, dtype, source)
+    return r.iloc[0]
+
+
+def test_every_source_for_every_dtype_and_update_count(frame):
+    assert set(frame["updates"]) == {0, 1, 3}
+    for (updates, dtype), part in frame.groupby(["updates", "engine_dtype"]):
+        assert list(part["source"]) == list(SOURCES), (updates, dtype)
+        assert part["num_tokens"].nunique() == 1  # every source on the same tokens
+        assert (part["num_tokens"] > 0).all()
+    for col in ("abs_diff_mean", "abs_diff_p99", "abs_diff_max", "ratio_outside_share"):
+        assert (frame[col] >= 0).all() and np.isfinite(frame[col]).all()
+    assert (frame["abs_diff_mean"] <= frame["abs_diff_p99"] + 1e-12).all()
+    assert (frame["abs_diff_p99"] <= frame["abs_diff_max"] + 1e-12).all()
+    assert (frame.groupby("updates")["steps"].first().diff().dropna() >= 1).all()
+
+
+def test_fp32_engine_agrees_with_the_fp32_trainer(frame):
+    """An fp32 engine on the fp32 masters differs from the fp32 trainer only by float32
+    summation order, whatever the updates; trainer-only sources are exactly 0 in fp32."""
+    for updates in (0, 1, 3):
+        total = row(frame, updates, "fp32", "total")
+        assert total["abs_diff_max"] < 2e-5, total
+        for source in ("weight_rounding", "arithmetic"):
+            assert row(frame, updates, "fp32", source)["abs_diff_max"] == 0.0
+    # and far below what a 16-bit engine shows
+    fp32, fp16 = (row(frame, 0, d, "total")["abs_diff_mean"] for d in ("fp32", "fp16"))
+    assert fp32 * 20 < fp16
+
+
+def test_the_sources_chain_to_the_total(frame):
+    """weight rounding, arithmetic and engine kernels chain from the fp32 trainer to the engine:
+    per token they add up to the total, so |total| <= their sum (mean and max alike)."""
+    for (updates, dtype), part in frame.groupby(["updates", "engine_dtype"]):
+        m = part.set_index("source")
+        for col in ("abs_diff_mean", "abs_diff_max"):
+            chain = m.loc[["weight_rounding", "arithmetic", "engine_kernels"], col]
+            assert m.at["total", col] <= chain.sum() + 1e-9, (updates, dtype, col)
+            assert m.at["fixed", col] <= chain.iloc[1:].sum() + 1e-9, (updates, dtype, col)
+
+
+def test_orderings(frame):
+    # the converted weights are on the fp16 grid: before any update, rounding them changes nothing
+    assert row(frame, 0, "fp16", "weight_rounding")["abs_diff_max"] == 0.0
+    assert row(frame, 0, "fp16", "fixed")["abs_diff_max"] == row(frame, 0, "fp16", "total")["abs_diff_max"]
+    for updates in (1, 3):
+        wr = row(frame, updates, "fp16", "weight_rounding")
+        assert wr["abs_diff_max"] > 0  # the masters have left the grid
+        for dtype in ("fp16", "bf16"):
+            total = row(frame, updates, dtype, "total")
+            # the total holds the weight rounding (roughly: the activation rounding adds noise)
+            rounding = row(frame, updates, dtype, "weight_rounding")
+            assert total["abs_diff_mean"] >= 0.5 * rounding["abs_diff_mean"]
+            # the fix removes the weight part: it never leaves much more than the total
+            assert row(frame, updates, dtype, "fixed")["abs_diff_mean"] <= 1.5 * total["abs_diff_mean"]
+    # the masters drift off the fp16 grid while the engine rounds the drift away: the fix,
+    # which gives the trainer the engine's weights, cuts the gap
+    assert row(frame, 3, "fp16", "fixed")["abs_diff_max"] < row(frame, 3, "fp16", "total")["abs_diff_max"]
+    assert row(frame, 3, "fp16", "fixed")["abs_diff_mean"] < row(frame, 3, "fp16", "total")["abs_diff_mean"]
+    for updates in (0, 1, 3):  # bf16 keeps 3 fewer mantissa bits than fp16: larger gaps
+        for source in ("total", "arithmetic", "engine_kernels"):
+            bf16, fp16 = (row(frame, updates, d, source)["abs_diff_mean"] for d in ("bf16", "fp16"))
+            assert bf16 > fp16, (updates, source)
+
+
+def test_decomposition_and_visibility_are_identical_when_rerun(tiny, frame):
+    start = time.perf_counter()
+    again = decomposition(tiny, AblateSettings(**SETTINGS))
+    pd.testing.assert_frame_equal(frame, again, check_exact=True)
+    settings = AblateSettings(**SETTINGS)
+    first, second = visibility(tiny, settings), visibility(tiny, settings)
+    pd.testing.assert_frame_equal(first, second, check_exact=True)
+    assert time.perf_counter() - start < 60
+
+
+def test_visibility_on_real_updates(tiny):
+    vis = visibility(tiny, AblateSettings(**{**SETTINGS, "engine_dtypes": ("fp16", "bf16")}))
+    assert list(vis["update"].unique()) == [0, 1, 2, 3]
+    start = vis[vis["update"] == 0].set_index("dtype")
+    assert start.loc["fp16", "off_grid_share"] == 0.0  # converted to fp16
+    assert start.loc["bf16", "off_grid_share"] > 0.5  # most fp16 values are not bf16 values
+    later = vis[vis["update"] > 0]
+    # an engine value can change only where the master moved
+    assert (later["changed_share"] <= later["moved_share"] + 1e-12).all()
+    assert (later["moved_share"] > 0.9).all()  # AdamW moves (nearly) every weight
+    # AdamW's first step moves every weight by lr (m / sqrt(v) = sign(g)) from the fp16 grid:
+    # visible exactly where half the fp16 spacing is below lr, i.e. on the small weights
+    spacing = np.concatenate([np.spacing(np.abs(w).astype(np.float16)).astype(np.float64).ravel()
+                              for w in tiny.model.weights.values()])
+    predicted = float(np.mean(spacing / 2 < 1e-6))
+    first = later[(later["update"] == 1) & (later["dtype"] == "fp16")]["changed_share"].iloc[0]
+    assert 0.02 < first < 0.5 and first == pytest.approx(predicted, abs=0.005), (first, predicted)

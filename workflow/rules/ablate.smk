@@ -1,0 +1,78 @@
+rule ablate_decompose:
+    input:
+        build=rules.build_engine.output.build,
+        train=rules.download_data.output.train,
+        test=rules.download_data.output.test,
+    output:
+        table=P.decompose_table,
+        figure=report(
+            P.decompose_figure,
+            caption="../report/decompose.rst",
+            category="Mismatch ablations",
+            labels={"figure": "gap by source"},
+        ),
+    params:
+        settings=stage_settings("ablate_decompose"),
+    conda:
+        "../envs/ratchet.yaml"
+    log:
+        P.log("ablate_decompose"),
+    benchmark:
+        P.benchmark("ablate_decompose")
+    shell:
+        ratchet_cmd("ablate_decompose")
+
+
+rule ablate_visibility:
+    input:
+        build=rules.build_engine.output.build,
+        train=rules.download_data.output.train,
+        test=rules.download_data.output.test,
+    output:
+        table=P.visibility_table,
+        figure=report(
+            P.visibility_figure,
+            caption="../report/visibility.rst",
+            category="Mismatch ablations",
+            labels={"figure": "visibility of updates"},
+        ),
+    params:
+        settings=stage_settings("ablate_visibility"),
+    conda:
+        "../envs/ratchet.yaml"
+    log:
+        P.log("ablate_visibility"),
+    benchmark:
+        P.benchmark("ablate_visibility")
+    shell:
+        ratchet_cmd("ablate_visibility")
+
+
+# Also writes the ablations' records (summary.json), hence the two tables as inputs.
+rule ablate_fix:
+    input:
+        build=rules.build_engine.output.build,
+        train=rules.download_data.output.train,
+        test=rules.download_data.output.test,
+        decompose=rules.ablate_decompose.output.table,
+        visibility=rules.ablate_visibility.output.table,
+    output:
+        table=P.fix_table,
+        steps=P.fix_steps,
+        summary=P.ablate_summary,
+        figure=report(
+            P.fix_figure,
+            caption="../report/fix.rst",
+            category="Mismatch ablations",
+            labels={"figure": "the fix against TIS and MIS"},
+        ),
+    params:
+        settings=stage_settings("ablate_fix"),
+    conda:
+        "../envs/ratchet.yaml"
+    log:
+        P.log("ablate_fix"),
+    benchmark:
+        P.benchmark("ablate_fix")
+    shell:
+        ratchet_cmd("ablate_fix")

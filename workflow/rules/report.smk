@@ -1,0 +1,32 @@
+from ratchet.stages.report import training_inputs
+
+
+rule report:
+    input:
+        baseline=rules.eval_baseline.output.summary,
+        decompose=rules.ablate_decompose.output.table,
+        visibility=rules.ablate_visibility.output.table,
+        fix=rules.ablate_fix.output.table,
+        records=rules.ablate_fix.output.summary,
+        training=lambda wildcards: training_inputs(P, workflow.rules),
+    output:
+        summary=report(
+            P.report_summary,
+            caption="../report/summary.rst",
+            category="Summary",
+            labels={"file": "summary.md"},
+        ),
+        training=report(
+            P.report_training_figure,
+            caption="../report/training.rst",
+            category="Training",
+            labels={"figure": "reward and gap per step"},
+        ),
+    params:
+        settings=stage_settings("report"),
+    conda:
+        "../envs/ratchet.yaml"
+    log:
+        P.log("report"),
+    shell:
+        ratchet_cmd("report")
