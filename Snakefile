@@ -12,9 +12,16 @@ configfile: "config/config.yaml"
 include: "workflow/rules/common.smk"
 include: "workflow/rules/prepare.smk"
 include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/train.smk"
+include: "workflow/rules/ablate.smk"
+include: "workflow/rules/report.smk"
 
 
 rule all:
     input:
         rules.eval_baseline.output.summary,
+        rules.eval_after_colocated.output.summary,
+        rules.eval_after_split.output.summary,
+        rules.verify.output.repro,
+        rules.report.output.summary,
     default_target: True

@@ -69,8 +69,91 @@ class RunPaths:
     def eval_answers(self, name: str) -> Path:
         return self.root / "eval" / f"{name}_answers.parquet"
 
+    @property
+    def bench(self) -> Path:
+        return self.root / "bench" / "bench.json"
+
     def log(self, stage: str) -> Path:
         return self.root / "logs" / f"{stage}.log"
 
     def benchmark(self, stage: str) -> Path:
         return self.root / "benchmarks" / f"{stage}.tsv"
+
+    # ablations and report
+    @property
+    def ablate(self) -> Path:
+        return self.root / "ablate"
+
+    @property
+    def decompose_table(self) -> Path:
+        return self.ablate / "decompose.parquet"
+
+    @property
+    def decompose_figure(self) -> Path:
+        return self.ablate / "decompose.png"
+
+    @property
+    def visibility_table(self) -> Path:
+        return self.ablate / "visibility.parquet"
+
+    @property
+    def visibility_figure(self) -> Path:
+        return self.ablate / "visibility.png"
+
+    @property
+    def fix_table(self) -> Path:
+        return self.ablate / "fix.parquet"
+
+    @property
+    def fix_steps(self) -> Path:
+        return self.ablate / "fix_steps.parquet"
+
+    @property
+    def fix_figure(self) -> Path:
+        return self.ablate / "fix.png"
+
+    @property
+    def ablate_summary(self) -> Path:
+        return self.ablate / "summary.json"
+
+    @property
+    def report(self) -> Path:
+        return self.root / "report"
+
+    @property
+    def report_summary(self) -> Path:
+        return self.report / "summary.md"
+
+    @property
+    def report_training_figure(self) -> Path:
+        return self.report / "training.png"
+
+    # training
+    def train_dir(self, mode: str) -> Path:
+        return self.root / "train" / mode
+
+    def train_metrics(self, mode: str) -> Path:
+        return self.train_dir(mode) / "metrics.parquet"
+
+    def train_trace(self, mode: str) -> Path:
+        return self.train_dir(mode) / "trace.parquet"
+
+    def train_summary(self, mode: str) -> Path:
+        return self.train_dir(mode) / "summary.json"
+
+    def train_model(self, mode: str) -> Path:
+        return self.train_dir(mode) / "model"
+
+    def train_manifest(self, mode: str) -> Path:
+        return self.train_model(mode) / "manifest.json"
+
+    def checkpoints(self, mode: str) -> Path:
+        return self.train_dir(mode) / "checkpoints"
+
+    @property
+    def verify_dir(self) -> Path:
+        return self.root / "verify"
+
+    @property
+    def verify_json(self) -> Path:
+        return self.verify_dir / "repro.json"

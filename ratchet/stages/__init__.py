@@ -24,6 +24,16 @@ STAGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "convert_weights": ("ratchet.stages.convert_weights", ("model", "engine")),
     "build_engine": ("ratchet.stages.build_engine", ("engine",)),
     "eval_baseline": ("ratchet.stages.eval_baseline", ("data", "engine", "eval")),
+    "bench": ("ratchet.stages.bench", ("engine",)),
+    "ablate_decompose": ("ratchet.stages.ablate", ("data", "engine", "ablate")),
+    "ablate_visibility": ("ratchet.stages.ablate", ("data", "engine", "ablate")),
+    "ablate_fix": ("ratchet.stages.ablate", ("data", "engine", "eval", "ablate")),
+    "train_colocated": ("ratchet.stages.train", ("data", "engine", "eval", "train")),
+    "train_split": ("ratchet.stages.train", ("data", "engine", "eval", "train")),
+    "eval_after_colocated": ("ratchet.stages.train", ("data", "engine", "eval")),
+    "eval_after_split": ("ratchet.stages.train", ("data", "engine", "eval")),
+    "verify": ("ratchet.stages.verify", ("data", "engine", "eval", "train")),
+    "report": ("ratchet.stages.report", ("engine", "ablate")),
 }
 COMMON = ("run_name", "seed", "results_dir")
 

@@ -1,0 +1,116 @@
+"""Checkpoints: tensors in safetensors, everything else in JSON, no pickle anywhere.
+
+    <root>/step-000010/
+      policy.safetensors      fp32 masters (engine names)
+      optimizer.safetensors   AdamW's exp_avg, exp_avg_sq and step per parameter
+      rng.safetensors         torch's CPU generator state (uint8)
+      engine.safetensors      split mode: the weights the engine process holds (its dtype)
+      state.json              step, settings digest, data positions, the engine's unfinished
+                              rollouts, a batch already generated, metrics so far
+
+A checkpoint is written into a temporary directory and renamed into place, so a directory
+named `step-*` is always whole; a training killed at any moment resumes from the newest one.
+A checkpoint written under other settings (its digest differs) is never resumed from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+STATE_FILE = "state.json"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+def save_checkpoint(root: str | Path, step: int, tensors: dict[str, dict[str, torch.Tensor]],
+                    state: dict, keep: int = 2) -> Path:
+    """Write `<root>/step-<step>/` with one safetensors file per entry of `tensors`."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step-{step:06d}"
+    tmp = root / f".step-{step:06d}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    for name, group in tensors.items():
+        save_file({k: v.detach().cpu().contiguous() for k, v in group.items()},
+                  str(tmp / f"{name}.safetensors"))
+    (tmp / STATE_FILE).write_text(json.dumps({**state, "step": step}) + "\n")
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    for old in list_checkpoints(root)[:-keep] if keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def list_checkpoints(root: str | Path) -> list[Path]:
+    """Whole checkpoints, oldest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir()
+             if (m := _STEP_DIR.match(p.name)) and (p / STATE_FILE).is_file()]
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(root: str | Path, digest: str | None = None) -> Path | None:
+    """The newest whole checkpoint written under settings `digest` (any if None)."""
+    for path in reversed(list_checkpoints(root)):
+        if digest is None or read_state(path).get("digest") == digest:
+            return path
+    return None
+
+
+def read_state(path: str | Path) -> dict:
+    return json.loads((Path(path) / STATE_FILE).read_text())
+
+
+def load_checkpoint(path: str | Path) -> tuple[dict[str, dict[str, torch.Tensor]], dict]:
+    path = Path(path)
+    tensors = {p.name.removesuffix(".safetensors"): load_file(str(p))
+               for p in sorted(path.glob("*.safetensors"))}
+    return tensors, read_state(path)
+
+
+def clean_temporaries(root: str | Path) -> None:
+    """Remove half-written checkpoints a killed run left behind."""
+    root = Path(root)
+    if root.is_dir():
+        for p in root.glob(".step-*.tmp-*"):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------- optimiser, RNG
+def optimizer_tensors(optimizer: torch.optim.Optimizer, policy: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """AdamW's per-parameter state under the parameters' names."""
+    out = {}
+    for name, p in policy.named_parameters():
+        for key, value in optimizer.state.get(p, {}).items():
+            out[f"{name}.{key}"] = value if torch.is_tensor(value) else torch.tensor(value)
+    return out
+
+
+def load_optimizer(optimizer: torch.optim.Optimizer, policy: torch.nn.Module,
+                   tensors: dict[str, torch.Tensor]) -> None:
+    for name, p in policy.named_parameters():
+        # moments on the parameter's device; AdamW keeps `step` on the CPU
+        state = {k.removeprefix(name + "."): v.clone().to(p.device) if k.endswith("exp_avg") or
+                 k.endswith("exp_avg_sq") else v.clone()
+                 for k, v in tensors.items() if k.rsplit(".", 1)[0] == name}
+        if state:
+            optimizer.state[p] = state
+
+
+def rng_tensors() -> dict[str, torch.Tensor]:
+    return {"torch_cpu": torch.get_rng_state()}
+
+
+def load_rng(tensors: dict[str, torch.Tensor]) -> None:
+    torch.set_rng_state(tensors["torch_cpu"])

@@ -1,0 +1,145 @@
+"""Colocated GRPO: each worker generates with its own engine, then trains; repeat.
+
+    python -m ratchet train_colocated --config config/config.yaml
+
+Each step a worker samples G answers for each of its problems (`problems_per_step /
+num_workers`), scores them, and takes one GRPO update whose gradients are summed over the
+workers (torch.distributed: gloo on CPU, NCCL on GPU); then the updated fp32 masters are
+copied into its engine in place, rounded to the engine dtype. The engine therefore always
+samples with the trainer's current weights: only the precision differs (the mismatch).
+
+Where it departs from the GRPO paper (DeepSeekMath): no KL penalty to a reference model
+(as Dr. GRPO, DAPO); the loss is a mean over all response tokens of the batch, not a mean of
+per-answer means; groups whose answers all scored the same are skipped; one AdamW step per
+mini-batch (`num_minibatches`, default one per step) on fp32 master weights.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ratchet.rl import checkpoint as C
+from ratchet.rl.grpo import (Comm, Evaluator, Job, Timer, Workers, batch_digests, configure_threads,
+                             find_resume, float_hex, free_port, init_process_group, load_start,
+                             make_batch, relog, restore_trainer, set_determinism, train_on_batch,
+                             trainer_tensors, weights_digest, worker_device, worker_main,
+                             write_outputs)
+from ratchet.rl.rollout import Rollouts
+from ratchet.rl.sync import sync_weights
+
+
+def run_colocated(job: Job, log=None) -> dict:
+    """Train; returns the summary. Worker 0 runs here (and calls `log(metrics, step)`), the
+    others as child processes."""
+    world = job.grpo.num_workers
+    if world == 1:
+        return colocated_worker(job, 0, 1, None, log)
+    port = free_port()
+    workers = Workers("ratchet.rl.colocated", job, range(1, world), world, port)
+    failed = True
+    try:
+        summary = colocated_worker(job, 0, world, port, log)
+        failed = False
+    finally:
+        workers.close(failed)
+    return summary
+
+
+def colocated_worker(job: Job, rank: int, world: int, port: int | None, log=None) -> dict | None:
+    from ratchet.engine.engine import Engine
+
+    cfg = job.grpo
+    device, backend = worker_device(job, rank, world)
+    if world > 1:
+        init_process_group(rank, world, port, backend)
+    comm = Comm(rank, world, device=device if backend == "nccl" else "cpu")
+    set_determinism(cfg.seed)
+    task = job.load_task()
+    model, policy, optimizer = load_start(job, device)
+    configure_threads(model.cfg, world)
+    engine = Engine(model, backend=job.backend, max_batch_size=job.max_batch_size,
+                    max_seq_len=job.max_seq_len)
+    rollouts = Rollouts(task.prompts, cfg.group_size, cfg.max_new_tokens, cfg.temperature, cfg.seed,
+                        cfg.groups_per_worker, extra_groups=0, max_staleness=cfg.max_staleness,
+                        rank=rank, world=world)
+    evaluator = Evaluator(job, task) if rank == 0 else None
+    rows, trace, start = [], [], 0
+    resume_from = find_resume(job)
+    if resume_from is not None:
+        tensors, state = C.load_checkpoint(resume_from)
+        restore_trainer(policy, optimizer, tensors)
+        rollouts.load_state_dict(state["rollouts"][rank])
+        rows, trace, start = state["rows"], state["trace"], state["step"]
+        sync_weights(engine, policy)
+        print(f"[colocated] rank {rank}: resumed from {resume_from} at step {start}")
+        relog(rows, log if rank == 0 else None)
+
+    for step in range(start, cfg.steps):
+        row, timer, step_start = {"step": step}, Timer(), time.perf_counter()
+        # ---------------------------------------------------------------- evaluate
+        if evaluator is not None and evaluator.due(step):
+            row.update(evaluator(policy, engine))
+        timer()
+        # ---------------------------------------------------------------- roll out
+        groups, rollout_stats = rollouts.collect(engine, step, version=step)
+        batch = make_batch(groups, task, cfg)
+        row["time/generate_s"] = timer()
+        # ---------------------------------------------------------------- train
+        metrics = train_on_batch(policy, optimizer, batch, cfg, version=step, comm=comm)
+        row["time/train_s"] = timer()
+        # ---------------------------------------------------------------- sync weights
+        sync_weights(engine, policy)
+        row["time/sync_s"] = timer()
+        # ---------------------------------------------------------------- log
+        digests = batch_digests(batch, comm)
+        row.update(metrics)
+        row.update({k: comm.max(v) for k, v in rollout_stats.items()})
+        row["time/step_s"] = time.perf_counter() - step_start
+        if rank == 0:
+            trace.append({"step": step, "tokens": digests["tokens"], "logprobs": digests["logprobs"],
+                          "loss": float_hex(metrics["train/loss"]), "weights": weights_digest(policy)})
+            rows.append(row)
+            _print(step, row)
+            if log is not None:
+                log({k: v for k, v in row.items() if k != "step"}, step)
+        # ---------------------------------------------------------------- checkpoint
+        if job.checkpoints and ((step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps):
+            states = comm.gather_json(rollouts.state_dict())
+            if rank == 0:
+                C.save_checkpoint(job.checkpoint_dir, step + 1, trainer_tensors(policy, optimizer),
+                                  {"digest": job.digest, "rollouts": states, "rows": rows, "trace": trace},
+                                  keep=cfg.keep_checkpoints)
+
+    summary = None
+    if rank == 0:
+        if evaluator is not None and evaluator.due(cfg.steps):
+            final_eval = evaluator(policy, engine)
+            rows.append({"step": cfg.steps, **final_eval})
+            if log is not None:
+                log(final_eval, cfg.steps)
+        summary = write_outputs(job, policy, model.cfg, rows, trace,
+                                {"mode": "colocated", "num_workers": world})
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+        dist.destroy_process_group()
+    return summary
+
+
+def _print(step: int, row: dict) -> None:
+    parts = [f"step {step:4d}", f"reward {row['train/reward']:.3f}", f"loss {row['train/loss']:+.4f}",
+             f"len {row['train/response_length_mean']:.1f}", f"{row['time/step_s']:.2f}s"]
+    if "mismatch/logprob_abs_diff_mean" in row:
+        parts.append(f"|dlogp| {row['mismatch/logprob_abs_diff_mean']:.1e}")
+    if "eval/accuracy" in row:
+        parts.append(f"eval {row['eval/accuracy']:.3f}")
+    print("[colocated] " + "  ".join(parts), flush=True)
+
+
+def _worker(job: Job, rank: int, world: int, port: int) -> None:
+    colocated_worker(job, rank, world, port)
+
+
+if __name__ == "__main__":
+    worker_main(_worker)

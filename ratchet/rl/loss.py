@@ -1,0 +1,128 @@
+"""GRPO's loss pieces as small pure functions (tiny-grpo's `loss.py`, in ratchet's terms).
+
+Shapes: sequences are rows, response tokens are columns, `mask` [B, T] marks real tokens.
+Log-probabilities are per token; the "old" ones are what the PPO ratio divides by (the
+trainer's own, recomputed before the update, or the engine's, from sampling time), the
+"engine" ones always the sampler's.
+
+    advantages = group_advantages(rewards, scale="std")                 # [n_groups, G]
+    ratio      = exp(logp - old)                                        # [B, T]
+    loss_tok   = clipped_objective(logp, old, adv, eps_low, eps_high)  # [B, T]
+    weights    = tis_weights(old_trainer, engine, cap) or mis_weights(...)
+    loss       = token_sum(loss_tok * weights, mask) / num_tokens      # a token mean
+
+The loss is a mean over response tokens: each token counts once, whatever the length of
+its answer (DAPO / Dr. GRPO, not the per-answer mean of the GRPO paper). `num_tokens` is
+the token count of the whole (mini-)batch across micro-batches and workers, so summing the
+micro-batch gradients gives exactly the gradient of that mean.
+"""
+
+from __future__ import annotations
+
+import torch
+
+ADVANTAGE_SCALES = ("std", "none")
+IS_CORRECTIONS = ("none", "tis", "mis")
+IS_LEVELS = ("token", "sequence")
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Mean of `x` where `mask` is True (0 where nothing is)."""
+    mask = mask.to(x.dtype)
+    if dim is None:
+        return (x * mask).sum() / mask.sum().clamp(min=1)
+    return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1)
+
+
+def group_advantages(rewards: torch.Tensor, scale: str = "std", eps: float = 1e-6) -> torch.Tensor:
+    """rewards [n_groups, G] -> advantages [n_groups, G].
+
+    "std": (r - mean) / (std + eps), the GRPO paper (std with Bessel's correction, as
+    TRL and verl compute it). "none": r - mean, Dr. GRPO (no per-question difficulty weight).
+    """
+    if scale not in ADVANTAGE_SCALES:
+        raise ValueError(f"advantage scale {scale!r} is not one of {ADVANTAGE_SCALES}")
+    centred = rewards - rewards.mean(dim=1, keepdim=True)  # [n_groups, G]
+    if scale == "none":
+        return centred
+    std = rewards.std(dim=1, keepdim=True) if rewards.shape[1] > 1 else torch.zeros_like(centred[:, :1])
+    return centred / (std + eps)
+
+
+def informative_groups(rewards: torch.Tensor) -> torch.Tensor:
+    """[n_groups] bool: groups whose answers did not all score the same (the others have
+    zero advantage everywhere and only dilute the token mean, so they are skipped)."""
+    return (rewards != rewards[:, :1]).any(dim=1)
+
+
+def clipped_objective(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+                      eps_low: float = 0.2, eps_high: float = 0.2) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's per-token loss -min(r A, clip(r, 1-eps_low, 1+eps_high) A) and where it is clipped.
+
+    logp, old_logp [B, T]; advantages [B] (one per answer) or [B, T]. Returns (loss [B, T],
+    clipped [B, T] bool): clipped marks the tokens whose gradient the clip stops, i.e.
+    A > 0 with r > 1+eps_high, and A < 0 with r < 1-eps_low.
+    """
+    if advantages.dim() == 1:
+        advantages = advantages[:, None]  # [B, 1]
+    ratio = torch.exp(logp - old_logp)  # [B, T]
+    unclipped = ratio * advantages
+    clipped_value = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * advantages
+    loss = -torch.minimum(unclipped, clipped_value)
+    clipped = ((advantages > 0) & (ratio > 1.0 + eps_high)) | ((advantages < 0) & (ratio < 1.0 - eps_low))
+    return loss, clipped
+
+
+def _log_ratio(old_trainer: torch.Tensor, engine: torch.Tensor, mask: torch.Tensor,
+               level: str) -> torch.Tensor:
+    """log(pi_old_trainer / pi_engine) per token, or summed over each answer (broadcast to
+    its tokens) at the sequence level. [B, T]"""
+    if level not in IS_LEVELS:
+        raise ValueError(f"importance-sampling level {level!r} is not one of {IS_LEVELS}")
+    log_ratio = (old_trainer - engine) * mask  # [B, T]
+    if level == "sequence":
+        log_ratio = log_ratio.sum(dim=1, keepdim=True).expand_as(old_trainer)
+    return log_ratio
+
+
+def tis_weights(old_trainer: torch.Tensor, engine: torch.Tensor, mask: torch.Tensor,
+                cap: float = 2.0, level: str = "token") -> torch.Tensor:
+    """Truncated importance sampling (Yao et al. 2025): min(pi_old_trainer / pi_engine, cap),
+    per token or per answer (the product of its tokens' ratios). [B, T], no gradient."""
+    log_ratio = _log_ratio(old_trainer.detach(), engine, mask, level)
+    return torch.exp(log_ratio).clamp(max=cap) * mask
+
+
+def mis_weights(old_trainer: torch.Tensor, engine: torch.Tensor, mask: torch.Tensor,
+                low: float = 0.5, high: float = 2.0, level: str = "token") -> torch.Tensor:
+    """Masked importance sampling: 1 where pi_old_trainer / pi_engine lies in [low, high],
+    0 where it leaves the bound (the token, or the whole answer at the sequence level). [B, T]"""
+    ratio = torch.exp(_log_ratio(old_trainer.detach(), engine, mask, level))
+    return ((ratio >= low) & (ratio <= high)).to(old_trainer.dtype) * mask
+
+
+def correction_weights(kind: str, old_trainer: torch.Tensor, engine: torch.Tensor,
+                       mask: torch.Tensor, level: str = "token", tis_cap: float = 2.0,
+                       mis_low: float = 0.5, mis_high: float = 2.0) -> torch.Tensor:
+    """The per-token loss weight of a correction kind ("none" gives the mask itself)."""
+    if kind == "none":
+        return mask.to(old_trainer.dtype)
+    if kind == "tis":
+        return tis_weights(old_trainer, engine, mask, tis_cap, level)
+    if kind == "mis":
+        return mis_weights(old_trainer, engine, mask, mis_low, mis_high, level)
+    raise ValueError(f"importance-sampling correction {kind!r} is not one of {IS_CORRECTIONS}")
+
+
+def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+                mask: torch.Tensor, weights: torch.Tensor, num_tokens: int | float,
+                eps_low: float = 0.2, eps_high: float = 0.2) -> tuple[torch.Tensor, dict]:
+    """The clipped objective, weighted, summed over this micro-batch's tokens and divided by
+    `num_tokens` (the tokens of the whole batch). Returns (loss, sums for the metrics)."""
+    per_token, clipped = clipped_objective(logp, old_logp, advantages, eps_low, eps_high)  # [B, T]
+    maskf = mask.to(logp.dtype)
+    loss = (per_token * weights * maskf).sum() / num_tokens
+    with torch.no_grad():
+        sums = {"clipped": float((clipped & mask).sum()),
+                "ratio": float((torch.exp(logp - old_logp) * maskf).sum())}
+    return loss, sums

@@ -1,0 +1,222 @@
+"""Split GRPO: the engine and the trainer in separate processes, the engine one batch ahead.
+
+    python -m ratchet train_split --config config/config.yaml
+
+Process 0 trains, process 1 generates (torch.distributed: gloo on CPU, later NCCL with one
+GPU each). Batch k+1 is generated while batch k trains: batch k is sampled with the weights
+of version k - ahead (ahead = 1; 0 makes it synchronous), and after each update the trainer
+broadcasts its fp32 masters, which the engine rounds into its own buffers in place.
+
+Partial rollouts: the engine keeps `extra_groups` more groups in flight than a step trains
+on, stops when `problems_per_step` groups are complete and cancels the rest; their answers
+keep their tokens and log-probabilities and resume in the next batch under the newer
+weights. Groups started more than `max_staleness` steps ago are dropped. Every token
+remembers the weights version that drew it; the trainer takes the engine's sampling-time
+log-probabilities as "old" for every token drawn by older weights than its own, so the PPO
+ratio is the importance ratio to the policy that actually sampled it (and the clip bounds it).
+
+Where it departs from the GRPO paper: as the colocated loop (no KL term, token-mean loss,
+constant groups skipped), plus the off-policy lag above, which the paper does not have.
+
+Messages (JSON over send/recv, never pickle): trainer -> engine a start message (first batch,
+the engine's weights version, its rollout state on resume) and then weights broadcasts;
+engine -> trainer one message per batch (the finished groups, the engine's rollout state
+after it, its weights version, the generation time). A checkpoint is cut at the start of
+a trainer step: the trainer's state, the batch already generated for that step, and the
+engine's weights and rollout state as of that batch, so a resumed run replays exactly.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ratchet.rl import checkpoint as C
+from ratchet.rl.grpo import (Comm, Evaluator, Job, Timer, Workers, batch_digests, configure_threads,
+                             find_resume, float_hex, free_port, init_process_group, load_start,
+                             make_batch, recv_json, relog, restore_trainer, send_json, set_determinism,
+                             train_on_batch, trainer_tensors, weights_digest, worker_main,
+                             write_outputs)
+from ratchet.rl.rollout import Group, Rollouts
+from ratchet.rl.sync import WeightReceiver, broadcast_weights
+
+TRAINER, ENGINE = 0, 1
+
+
+def run_split(job: Job, log=None) -> dict:
+    """Train; the trainer runs in this process (and calls `log(metrics, step)`), the engine
+    in a child process."""
+    port = free_port()
+    workers = Workers("ratchet.rl.split", job, range(1, 2), 2, port)
+    failed = True
+    try:
+        summary = trainer_process(job, port, log)
+        failed = False
+    finally:
+        workers.close(failed)
+    return summary
+
+
+# ---------------------------------------------------------------------------- the trainer
+def trainer_process(job: Job, port: int, log=None) -> dict:
+    from ratchet.trainer.precision import torch_dtype
+
+    cfg = job.grpo
+    init_process_group(TRAINER, 2, port)  # gloo: messages and weights go through the CPU
+    set_determinism(cfg.seed)
+    task = job.load_task()
+    model, policy, optimizer = load_start(job, job.device)
+    configure_threads(model.cfg, 2)
+    evaluator = Evaluator(job, task)
+    engine_dtype = torch_dtype(cfg.engine_dtype)
+
+    def engine_copy() -> dict[str, torch.Tensor]:
+        return {k: v.to("cpu", engine_dtype) for k, v in policy.export_weights().items()}
+
+    rows, trace, start, pending = [], [], 0, None
+    engine_version, rollout_state = 0, None
+    resume_from = find_resume(job)
+    if resume_from is not None:
+        tensors, state = C.load_checkpoint(resume_from)
+        restore_trainer(policy, optimizer, tensors)
+        rows, trace, start, pending = state["rows"], state["trace"], state["step"], state["pending"]
+        engine_version, rollout_state = state["engine_version"], state["rollouts"]
+        engine_weights = tensors["engine"]
+        print(f"[split] resumed from {resume_from} at step {start}")
+        relog(rows, log)
+    else:
+        engine_weights = engine_copy()
+    # the engine restarts from the state the checkpoint recorded (or from scratch)
+    send_json({"first_batch": start + (pending is not None), "version": engine_version,
+               "rollouts": rollout_state}, ENGINE)
+    torch.distributed.broadcast(torch.cat([w.float().reshape(-1) for w in engine_weights.values()]), TRAINER)
+    copies = {engine_version: engine_weights}  # weights version -> what the engine holds
+    last_needed = cfg.steps - 1 - cfg.ahead  # the newest version the engine will ask for
+    in_flight = None  # the weights broadcast still on its way (the engine takes it when it
+    if engine_version < start <= last_needed:  # has finished the batch it is generating)
+        in_flight = broadcast_weights(policy, TRAINER, async_op=True)
+        copies[start] = engine_copy()
+
+    for step in range(start, cfg.steps):
+        row, timer, step_start = {"step": step}, Timer(), time.perf_counter()
+        # ---------------------------------------------------------------- evaluate
+        if evaluator.due(step):
+            row.update(evaluator(policy))
+        timer()
+        # ---------------------------------------------------------------- roll out (wait for it)
+        message = pending if pending is not None else recv_json(ENGINE)
+        pending = None
+        row["time/wait_s"] = timer()
+        engine_version, rollout_state = message["version"], message["rollouts"]
+        copies = {v: w for v, w in copies.items() if v >= engine_version}
+        if job.checkpoints and step > start and step % cfg.checkpoint_every == 0:
+            _checkpoint(job, policy, optimizer, step, copies[engine_version], message, rows, trace)
+        groups = [Group.from_dict(d) for d in message["groups"]]
+        batch = make_batch(groups, task, cfg)
+        # ---------------------------------------------------------------- train
+        metrics = train_on_batch(policy, optimizer, batch, cfg, version=step)
+        row["time/train_s"] = timer()
+        # ---------------------------------------------------------------- sync weights
+        if step + 1 <= last_needed:
+            if in_flight is not None:
+                in_flight.wait()
+            in_flight = broadcast_weights(policy, TRAINER, async_op=True)
+            copies[step + 1] = engine_copy()
+        row["time/sync_s"] = timer()
+        # ---------------------------------------------------------------- log
+        digests = batch_digests(batch, Comm())
+        row.update(metrics)
+        row.update(message["stats"])
+        row["time/generate_s"] = message["generate_s"]
+        row["rollout/weights_lag"] = float(step - message["version"])
+        row["time/step_s"] = time.perf_counter() - step_start
+        trace.append({"step": step, "tokens": digests["tokens"], "logprobs": digests["logprobs"],
+                      "loss": float_hex(metrics["train/loss"]), "weights": weights_digest(policy)})
+        rows.append(row)
+        _print(step, row)
+        if log is not None:
+            log({k: v for k, v in row.items() if k != "step"}, step)
+
+    if in_flight is not None:
+        in_flight.wait()
+    if job.checkpoints:
+        final = {"version": engine_version, "rollouts": rollout_state}
+        _checkpoint(job, policy, optimizer, cfg.steps, copies[engine_version], final, rows, trace,
+                    pending=False)
+    if evaluator.due(cfg.steps):
+        final_eval = evaluator(policy)
+        rows.append({"step": cfg.steps, **final_eval})
+        if log is not None:
+            log(final_eval, cfg.steps)
+    summary = write_outputs(job, policy, model.cfg, rows, trace,
+                            {"mode": "split", "ahead": cfg.ahead, "extra_groups": cfg.extra_groups})
+    torch.distributed.destroy_process_group()
+    return summary
+
+
+def _checkpoint(job, policy, optimizer, step, engine_weights, message, rows, trace, pending=True):
+    state = {"digest": job.digest, "rows": rows, "trace": trace,
+             "pending": message if pending else None,
+             "engine_version": message["version"], "rollouts": message["rollouts"]}
+    C.save_checkpoint(job.checkpoint_dir, step,
+                      {**trainer_tensors(policy, optimizer), "engine": engine_weights},
+                      state, keep=job.grpo.keep_checkpoints)
+
+
+def _print(step: int, row: dict) -> None:
+    parts = [f"step {step:4d}", f"reward {row['train/reward']:.3f}", f"loss {row['train/loss']:+.4f}",
+             f"lag {row['rollout/weights_lag']:.0f}", f"stale {row['rollout/stale_token_share']:.2f}",
+             f"gen {row['time/generate_s']:.2f}s", f"wait {row['time/wait_s']:.2f}s",
+             f"{row['time/step_s']:.2f}s"]
+    if "eval/accuracy" in row:
+        parts.append(f"eval {row['eval/accuracy']:.3f}")
+    print("[split] " + "  ".join(parts), flush=True)
+
+
+# ---------------------------------------------------------------------------- the engine
+def engine_process(job: Job, rank: int = ENGINE, world: int = 2, port: int = 0) -> None:
+    from ratchet.engine.engine import Engine
+    from ratchet.model.io import load_engine_model
+
+    cfg = job.grpo
+    init_process_group(rank, world, port)
+    task = job.load_task()
+    model = load_engine_model(job.model_dir)
+    configure_threads(model.cfg, 2)
+    engine = Engine(model, backend=job.backend, max_batch_size=job.max_batch_size,
+                    max_seq_len=job.max_seq_len)
+    rollouts = Rollouts(task.prompts, cfg.group_size, cfg.max_new_tokens, cfg.temperature, cfg.seed,
+                        cfg.problems_per_step, extra_groups=cfg.extra_groups,
+                        max_staleness=cfg.max_staleness)
+    receiver = WeightReceiver(model.cfg)
+    start = recv_json(TRAINER)
+    version = start["version"]
+    if start["rollouts"] is not None:
+        rollouts.load_state_dict(start["rollouts"])
+    receiver.receive_into(engine, TRAINER)
+
+    last_needed = cfg.steps - 1 - cfg.ahead
+
+    def receive_until(wanted: int) -> None:
+        nonlocal version
+        while version < wanted:
+            receiver.receive_into(engine, TRAINER)
+            version += 1
+
+    for step in range(start["first_batch"], cfg.steps):
+        receive_until(step - cfg.ahead)  # the weights this batch must be sampled with
+        sampled_with, t0 = version, time.perf_counter()
+        groups, stats = rollouts.collect(engine, step, version)
+        message = {"step": step, "version": sampled_with, "generate_s": time.perf_counter() - t0,
+                   "groups": [g.to_dict() for g in groups], "stats": stats,
+                   "rollouts": rollouts.state_dict()}
+        # the trainer broadcasts these before it takes this batch: receive them first (a
+        # blocking send here would wait on a trainer waiting on its broadcast)
+        receive_until(min(step, last_needed))
+        send_json(message, TRAINER)
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    worker_main(engine_process)

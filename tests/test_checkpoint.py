@@ -1,0 +1,155 @@
+"""Checkpoints: the files, the optimiser round trip, and resuming bit for bit (a SIGKILLed
+`python -m ratchet train_colocated`, and a split run restarted from an older checkpoint)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from ratchet import config as config_mod
+from ratchet.rl import checkpoint as C
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def prepare(results: Path, *overrides: str) -> dict:
+    from ratchet.stages import run_stage
+
+    os.environ["RATCHET_TRACKING"] = "off"
+    cfg = config_mod.load(ROOT / "config" / "config.yaml", [f"results_dir={results}", *overrides])
+    for stage in ("download_model", "download_data", "convert_weights"):
+        run_stage(stage, cfg)
+    return cfg
+
+
+# ---------------------------------------------------------------------------- files
+def test_save_load_latest_and_pruning(tmp_path):
+    tensors = {"policy": {"a.weight": torch.randn(3, 4)}, "rng": {"torch_cpu": torch.get_rng_state()}}
+    for step in (2, 4, 6):
+        C.save_checkpoint(tmp_path, step, tensors, {"digest": "x", "rows": [{"step": step}]}, keep=2)
+    assert [p.name for p in C.list_checkpoints(tmp_path)] == ["step-000004", "step-000006"]
+    got, state = C.load_checkpoint(C.latest_checkpoint(tmp_path, "x"))
+    assert state["step"] == 6 and state["rows"] == [{"step": 6}]
+    assert torch.equal(got["policy"]["a.weight"], tensors["policy"]["a.weight"])
+    assert torch.equal(got["rng"]["torch_cpu"], tensors["rng"]["torch_cpu"])
+    assert C.latest_checkpoint(tmp_path, "other settings") is None
+    # a half-written checkpoint (killed before the rename) is neither listed nor kept
+    (tmp_path / ".step-000008.tmp-123").mkdir()
+    (tmp_path / "step-000010").mkdir()  # no state.json: not whole
+    assert C.latest_checkpoint(tmp_path).name == "step-000006"
+    C.clean_temporaries(tmp_path)
+    assert not (tmp_path / ".step-000008.tmp-123").exists()
+    # no pickle anywhere: safetensors and JSON only
+    assert {p.suffix for p in (tmp_path / "step-000006").iterdir()} == {".safetensors", ".json"}
+
+
+def test_optimizer_and_rng_round_trip_bit_exactly():
+    torch.manual_seed(0)
+    make = lambda: torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))  # noqa: E731
+    a = make()
+    opt_a = torch.optim.AdamW(a.parameters(), lr=1e-2, foreach=False)
+    x = torch.randn(16, 4)
+    for _ in range(3):
+        opt_a.zero_grad()
+        a(x).pow(2).sum().backward()
+        opt_a.step()
+    b = make()
+    b.load_state_dict(a.state_dict())
+    opt_b = torch.optim.AdamW(b.parameters(), lr=1e-2, foreach=False)
+    C.load_optimizer(opt_b, b, {k: v.clone() for k, v in C.optimizer_tensors(opt_a, a).items()})
+    rng = C.rng_tensors()
+    noise_a = torch.randn(3)
+    C.load_rng(rng)
+    assert torch.equal(torch.randn(3), noise_a)
+    for model, opt in ((a, opt_a), (b, opt_b)):
+        opt.zero_grad()
+        model(x).pow(2).sum().backward()
+        opt.step()
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        assert torch.equal(pa, pb)
+
+
+# ---------------------------------------------------------------------------- resuming
+def _cli(results: Path, *overrides: str) -> list[str]:
+    # overrides before --config: argparse does not take positionals after an option's value
+    return [sys.executable, "-m", "ratchet", "train_colocated", f"results_dir={results}", *overrides,
+            "--config", str(ROOT / "config" / "config.yaml")]
+
+
+@pytest.mark.slow
+def test_sigkilled_training_resumes_to_the_same_weights(tmp_path):
+    """`python -m ratchet train_colocated`, killed with SIGKILL at a random step and rerun,
+    ends with the weights of an uninterrupted run."""
+    steps, every = 10, 2
+    overrides = (f"train.steps={steps}", f"train.checkpoint_every={every}", "train.eval_every=0",
+                 "train.problems_per_step=8")
+    env = {**os.environ, "RATCHET_TRACKING": "off"}
+    cfg = prepare(tmp_path / "results", *overrides)
+    from ratchet.paths import RunPaths
+
+    paths = RunPaths.from_config(cfg)
+    # the uninterrupted run, elsewhere (a copy of the prepared model and data)
+    other = tmp_path / "other"
+    shutil.copytree(tmp_path / "results", other)
+    subprocess.run(_cli(other, *overrides), env=env, check=True, capture_output=True, timeout=600)
+    reference = json.loads((other / "tiny" / "train" / "colocated" / "summary.json").read_text())
+
+    # a random step with a checkpoint behind it and steps left after it
+    kill_after = random.Random(os.getpid()).randrange(every + 1, steps - 1)
+    log = open(tmp_path / "killed.log", "w")
+    proc = subprocess.Popen(_cli(tmp_path / "results", *overrides), env=env, stdout=subprocess.PIPE,
+                            stderr=log, text=True)
+    for line in proc.stdout:  # kill mid-run, as soon as step `kill_after` is logged
+        if line.startswith("[colocated] step") and int(line.split()[2]) >= kill_after:
+            os.kill(proc.pid, signal.SIGKILL)
+            break
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    assert not paths.train_summary("colocated").exists()
+    assert C.list_checkpoints(paths.checkpoints("colocated"))
+
+    done = subprocess.run(_cli(tmp_path / "results", *overrides), env=env, check=True,
+                          capture_output=True, text=True, timeout=600)
+    assert "resumed from" in done.stdout
+    resumed = json.loads(paths.train_summary("colocated").read_text())
+    assert resumed["weights_sha256"] == reference["weights_sha256"]
+    assert resumed["model_sha256"] == reference["model_sha256"]
+    pd.testing.assert_frame_equal(pd.read_parquet(paths.train_trace("colocated")),
+                                  pd.read_parquet(other / "tiny" / "train" / "colocated" / "trace.parquet"))
+    assert len(pd.read_parquet(paths.train_metrics("colocated"))) == steps
+
+
+def test_split_resumes_from_an_older_checkpoint_bit_exactly(tmp_path):
+    """The split loop restarted from the checkpoint of step 2 (trainer state, the batch the
+    engine had already generated, the engine's weights and unfinished rollouts) replays the
+    rest of the run exactly."""
+    from ratchet.rl.split import run_split
+    from ratchet.stages.train import make_job
+
+    cfg = prepare(tmp_path / "results")
+    job = make_job(cfg, "split", out_dir=tmp_path / "split", steps=5, checkpoint_every=2, problems_per_step=8,
+                   keep_checkpoints=5, eval_every=0, extra_groups=4, max_new_tokens=12)
+    full = run_split(job)
+    full_trace = pd.read_parquet(tmp_path / "split" / "trace.parquet")
+    ckpts = C.list_checkpoints(job.checkpoint_dir)
+    assert [p.name for p in ckpts] == ["step-000002", "step-000004", "step-000005"]
+    state = C.read_state(ckpts[0])
+    assert state["pending"]["step"] == 2 and state["engine_version"] == 1  # one step ahead
+    assert any(r["finish_reason"] is None for g in state["rollouts"]["in_flight"] for r in g["requests"])
+    for p in ckpts[1:]:
+        shutil.rmtree(p)
+    for name in ("summary.json", "trace.parquet", "metrics.parquet"):
+        (tmp_path / "split" / name).unlink()
+    resumed = run_split(job)
+    assert resumed["weights_sha256"] == full["weights_sha256"]
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "split" / "trace.parquet"), full_trace)

@@ -1,0 +1,257 @@
+"""GRPO end to end on the tiny model, on CPU: rollouts, both loops, determinism, learning.
+
+The model and data come from the pipeline's own first stages (tracking off) under a
+temporary results dir, so these tests train exactly what `snakemake` would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from ratchet import config as config_mod
+from ratchet.paths import RunPaths
+
+ROOT = Path(__file__).resolve().parents[1]
+PREPARE = ("download_model", "download_data", "convert_weights")
+
+
+def prepare(results: Path, *overrides: str) -> dict:
+    """The default profile under `results`, with its model and data made by the stages."""
+    from ratchet.stages import run_stage
+
+    os.environ["RATCHET_TRACKING"] = "off"
+    cfg = config_mod.load(ROOT / "config" / "config.yaml", [f"results_dir={results}", *overrides])
+    for stage in PREPARE:
+        run_stage(stage, cfg)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def cfg(tmp_path_factory):
+    return prepare(tmp_path_factory.mktemp("grpo") / "results")
+
+
+def short_job(cfg, mode, out, **kw):
+    from ratchet.stages.train import make_job
+
+    settings = dict(steps=4, problems_per_step=8, eval_every=0, checkpoints=False, save_model=False,
+                    resume=False)
+    settings.update(kw)
+    return make_job(cfg, mode, out_dir=out, **settings)
+
+
+def trace(out) -> pd.DataFrame:
+    return pd.read_parquet(Path(out) / "trace.parquet")
+
+
+# ---------------------------------------------------------------------------- rollouts
+def _engine_and_prompts(cfg):
+    from ratchet.engine.engine import Engine
+    from ratchet.model.io import load_engine_model
+    from ratchet.rl.grpo import Task
+
+    paths = RunPaths.from_config(cfg)
+    task = Task.load(paths.model, paths.train_data, cfg["data"]["source"])
+    model = load_engine_model(paths.model)
+    make = lambda: Engine(model, backend="numpy", max_batch_size=16, max_seq_len=64)  # noqa: E731
+    return make, task.prompts
+
+
+def test_partial_rollouts_with_fixed_weights_equal_uninterrupted_generation(cfg):
+    from ratchet.engine.request import Request
+    from ratchet.rl.rollout import Rollouts
+
+    make_engine, prompts = _engine_and_prompts(cfg)
+    engine = make_engine()
+    G = 4
+    rollouts = Rollouts(prompts, G, max_new_tokens=12, temperature=1.0, seed=7, groups_per_step=3,
+                        extra_groups=3, max_staleness=100)
+    returned, resumed = [], 0
+    for step in range(6):
+        groups, stats = rollouts.collect(engine, step, version=step)
+        assert len(groups) == 3 and all(g.finished for g in groups)
+        assert engine.num_unfinished == 0
+        resumed += stats["rollout/resumed_answers"]
+        returned += groups
+    assert resumed > 0, "no answer was ever interrupted: the test proves nothing"
+    # The same requests (ids, prompts, seed), generated in one go by a fresh engine
+    fresh = make_engine()
+    reqs = [Request(r.request_id, list(r.prompt), r.max_new_tokens, r.temperature, seed=r.seed)
+            for g in returned for r in g.requests]
+    fresh.generate(reqs)
+    got = [r for g in returned for r in g.requests]
+    assert [r.output for r in got] == [r.output for r in reqs]
+    assert [r.logprobs for r in got] == [r.logprobs for r in reqs]  # bit for bit
+    assert [r.finish_reason for r in got] == [r.finish_reason for r in reqs]
+    # every token is labelled with the step that drew it, and interrupted ones span steps
+    assert all(len(v) == len(r.output) for g in returned for r, v in zip(g.requests, g.versions))
+    assert any(len(set(v)) > 1 for g in returned for v in g.versions)
+
+
+def test_stale_groups_are_dropped_and_state_round_trips(cfg):
+    from ratchet.rl.rollout import Rollouts
+
+    make_engine, prompts = _engine_and_prompts(cfg)
+    engine = make_engine()
+    kw = dict(max_new_tokens=12, temperature=1.0, seed=3, groups_per_step=2, extra_groups=6,
+              max_staleness=0)
+    a = Rollouts(prompts, 4, **kw)
+    dropped = 0
+    for step in range(3):
+        groups, stats = a.collect(engine, step, step)
+        dropped += stats["rollout/dropped_groups"]
+        assert all(step - g.born <= 0 for g in groups)
+    assert dropped > 0
+    state = json.loads(json.dumps(a.state_dict()))  # JSON, exactly
+    b = Rollouts(prompts, 4, **kw)
+    b.load_state_dict(state)
+    ga, _ = a.collect(engine, 3, 3)
+    gb, _ = b.collect(make_engine(), 3, 3)
+    assert [g.to_dict() for g in ga] == [g.to_dict() for g in gb]
+
+
+def test_data_stream_is_seeded_and_shards_by_worker():
+    from ratchet.rl.rollout import DataStream
+
+    one = DataStream(10, seed=1)
+    order = [one.next()[1] for _ in range(20)]
+    assert sorted(order[:10]) == list(range(10)) and sorted(order[10:]) == list(range(10))
+    assert order[:10] != order[10:]  # a new permutation each epoch
+    two = [DataStream(10, seed=1, rank=r, world=2) for r in range(2)]
+    interleaved = [two[i % 2].next()[1] for i in range(20)]
+    assert interleaved == order
+
+
+# ---------------------------------------------------------------------------- the loops
+def test_colocated_runs_twice_bit_identically(cfg, tmp_path):
+    from ratchet.rl.colocated import run_colocated
+
+    a = run_colocated(short_job(cfg, "colocated", tmp_path / "a"))
+    b = run_colocated(short_job(cfg, "colocated", tmp_path / "b"))
+    assert a["weights_sha256"] == b["weights_sha256"]
+    pd.testing.assert_frame_equal(trace(tmp_path / "a"), trace(tmp_path / "b"))
+    metrics = pd.read_parquet(tmp_path / "a" / "metrics.parquet")
+    for key in ("train/loss", "train/reward", "train/accuracy", "train/clip_fraction",
+                "train/entropy", "train/response_length_mean", "train/num_tokens",
+                "time/generate_s", "time/train_s", "time/sync_s", "time/step_s",
+                "mismatch/logprob_abs_diff_mean", "mismatch/logprob_abs_diff_p99",
+                "mismatch/logprob_abs_diff_max", "mismatch/logprob_diff_mean", "mismatch/kl_k3",
+                "mismatch/ratio_outside_share", "rollout_corr/kl",
+                "sampling/sampling_logp_difference/mean"):
+        assert key in metrics.columns, key
+    assert len(metrics) == 4
+
+
+def test_split_runs_twice_bit_identically_with_partial_rollouts(cfg, tmp_path):
+    from ratchet.rl.split import run_split
+
+    kw = dict(extra_groups=4, max_new_tokens=12)
+    a = run_split(short_job(cfg, "split", tmp_path / "a", **kw))
+    b = run_split(short_job(cfg, "split", tmp_path / "b", **kw))
+    assert a["weights_sha256"] == b["weights_sha256"]
+    pd.testing.assert_frame_equal(trace(tmp_path / "a"), trace(tmp_path / "b"))
+    metrics = pd.read_parquet(tmp_path / "a" / "metrics.parquet")
+    assert (metrics["rollout/weights_lag"].iloc[1:] == 1).all()  # one step ahead
+    trained = metrics[(metrics["step"] > 0) & (metrics["train/num_tokens"] > 0)]
+    assert len(trained) and (trained["rollout/stale_token_share"] > 0).all()
+    assert metrics["rollout/resumed_answers"].sum() > 0  # partial rollouts did resume
+
+
+def test_one_step_ahead_with_lr0_equals_synchronous(cfg, tmp_path):
+    """With the weights held fixed, generating one batch ahead (split, ahead=1) gives the
+    rollouts, losses and weights of the synchronous loops (split ahead=0 and colocated).
+    The old log-probs are the engine's here: with ahead=1 every token is (nominally) stale
+    and takes the engine's, so the synchronous runs must too for the losses to compare."""
+    from ratchet.rl.colocated import run_colocated
+    from ratchet.rl.split import run_split
+
+    kw = dict(lr=0.0, old_logprobs="engine", extra_groups=0, max_new_tokens=6)
+    run_split(short_job(cfg, "split", tmp_path / "ahead", ahead=1, **kw))
+    run_split(short_job(cfg, "split", tmp_path / "sync", ahead=0, **kw))
+    run_colocated(short_job(cfg, "colocated", tmp_path / "colocated", **kw))
+    ahead, sync, colocated = (trace(tmp_path / n) for n in ("ahead", "sync", "colocated"))
+    pd.testing.assert_frame_equal(ahead, sync)
+    pd.testing.assert_frame_equal(ahead, colocated)
+    lag = pd.read_parquet(tmp_path / "ahead" / "metrics.parquet")["rollout/weights_lag"]
+    assert lag.tolist() == [0, 1, 1, 1]
+
+
+def test_colocated_two_gloo_workers_match_one(cfg, tmp_path):
+    """Two data-parallel workers (gloo) take the stream positions one worker would, with the
+    same request ids, so they sample the same answers; the summed gradients of their token
+    sums over the global token count give the single worker's update up to float order."""
+    from ratchet.rl.colocated import run_colocated
+
+    kw = dict(steps=2, problems_per_step=16)
+    two = run_colocated(short_job(cfg, "colocated", tmp_path / "w2", num_workers=2, **kw))
+    run_colocated(short_job(cfg, "colocated", tmp_path / "w1", num_workers=1, **kw))
+    assert two["num_workers"] == 2
+    m2, m1 = (pd.read_parquet(tmp_path / n / "metrics.parquet") for n in ("w2", "w1"))
+    for key in ("train/reward", "train/num_tokens", "train/num_sequences", "train/groups_skipped_share"):
+        assert m2[key].tolist() == m1[key].tolist(), key
+    for key in ("train/loss", "train/entropy", "mismatch/logprob_abs_diff_mean", "train/grad_norm"):
+        assert np.allclose(m2[key], m1[key], rtol=1e-4, atol=1e-7), (key, m2[key].tolist(), m1[key].tolist())
+
+
+def test_verify_reports_identical_reruns(cfg, tmp_path):
+    from ratchet.stages.train import run_mode
+    from ratchet.stages.verify import compare_traces
+
+    run_mode(short_job(cfg, "colocated", tmp_path / "ref", steps=3), "colocated")
+    run_mode(short_job(cfg, "colocated", tmp_path / "new", steps=2), "colocated")
+    result = compare_traces(trace(tmp_path / "ref"), trace(tmp_path / "new"))
+    assert result["identical"] and result["steps_compared"] == 2, result
+    # a changed quantity is found, at its first step
+    ref = trace(tmp_path / "ref")
+    bad = ref.copy()
+    bad.loc[bad["step"] == 1, "loss"] = "0x1p+0"
+    bad.loc[bad["step"] == 2, "tokens"] = "0"
+    result = compare_traces(ref, bad)
+    assert not result["identical"]
+    assert result["first_divergence"] == {"step": 1, "quantity": "loss"}
+    assert result["quantities"]["tokens"]["first_step"] == 2
+
+
+# ---------------------------------------------------------------------------- learning
+# The tiny profile learns only from a wider random init and with the eval's answer length equal
+# to training's (one digit and a stop); until config/config.yaml carries these two values
+# (asked of the pipeline's owner) the test sets them. Everything else is the profile's.
+PROFILE_FIXES = ("model.tiny.init_std=0.1", "eval.max_new_tokens=2")
+
+
+@pytest.mark.slow
+def test_tiny_default_learns_in_both_modes(tmp_path):
+    """The default profile, as the pipeline runs it (`python -m ratchet train_<mode>`, the two
+    modes at the same time, as the split trainer mostly waits on its engine): greedy accuracy
+    on the synthetic test split rises from the baseline to >= 0.6 in both modes."""
+    import subprocess
+    import sys
+
+    from ratchet.stages import run_stage
+
+    cfg = prepare(tmp_path / "results", *PROFILE_FIXES)
+    paths = RunPaths.from_config(cfg)
+    env = {**os.environ, "RATCHET_TRACKING": "off"}
+    cli = lambda mode: [sys.executable, "-m", "ratchet", f"train_{mode}",  # noqa: E731
+                        f"results_dir={tmp_path / 'results'}", *PROFILE_FIXES,
+                        "--config", str(ROOT / "config" / "config.yaml")]
+    procs = {m: subprocess.Popen(cli(m), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 text=True) for m in ("colocated", "split")}
+    logs = {m: p.communicate(timeout=600)[0] for m, p in procs.items()}
+    for m, p in procs.items():
+        assert p.returncode == 0, logs[m][-3000:]
+    run_stage("eval_baseline", cfg)
+    baseline = json.loads(paths.eval_json("baseline").read_text())["accuracy"]
+    for mode in ("colocated", "split"):
+        run_stage(f"eval_after_{mode}", cfg)
+        after = json.loads(paths.eval_json(f"after_{mode}").read_text())["accuracy"]
+        summary = json.loads(paths.train_summary(mode).read_text())
+        print(f"{mode}: greedy accuracy {baseline:.3f} -> {after:.3f} in {summary['steps']} steps, "
+              f"{summary['train_s']:.0f} s of training")
+        assert after >= 0.6 and after > baseline + 0.3, (mode, baseline, after, logs[mode][-2000:])
