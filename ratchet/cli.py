@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config-from-env", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="override a config key, e.g. eval.num_problems=50")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # overrides may come before or after --config
     try:
         if args.config_from_env:
             cfg = config_mod.validate(config_mod.apply_overrides(

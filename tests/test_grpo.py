@@ -219,10 +219,6 @@ def test_verify_reports_identical_reruns(cfg, tmp_path):
 
 
 # ---------------------------------------------------------------------------- learning
-# The tiny profile learns only from a wider random init and with the eval's answer length equal
-# to training's (one digit and a stop); until config/config.yaml carries these two values
-# (asked of the pipeline's owner) the test sets them. Everything else is the profile's.
-PROFILE_FIXES = ("model.tiny.init_std=0.1", "eval.max_new_tokens=2")
 
 
 @pytest.mark.slow
@@ -235,11 +231,11 @@ def test_tiny_default_learns_in_both_modes(tmp_path):
 
     from ratchet.stages import run_stage
 
-    cfg = prepare(tmp_path / "results", *PROFILE_FIXES)
+    cfg = prepare(tmp_path / "results")
     paths = RunPaths.from_config(cfg)
     env = {**os.environ, "RATCHET_TRACKING": "off"}
     cli = lambda mode: [sys.executable, "-m", "ratchet", f"train_{mode}",  # noqa: E731
-                        f"results_dir={tmp_path / 'results'}", *PROFILE_FIXES,
+                        f"results_dir={tmp_path / 'results'}",
                         "--config", str(ROOT / "config" / "config.yaml")]
     procs = {m: subprocess.Popen(cli(m), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                  text=True) for m in ("colocated", "split")}
