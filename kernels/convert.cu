@@ -1,7 +1,14 @@
 // fp32 -> engine dtype, round-to-nearest-even, bit for bit as ratchet.model.dtypes.round_to
 // (and torch's .to(dtype)) give it, NaN included. For in-place weight sync: the source is a
 // torch fp32 tensor seen through DLPack, the destination an engine weight buffer.
+//
+// convert_f32: one tensor. convert_many: every tensor of a sync in one launch, from a device
+// array of descriptors (src, dst, n, first chunk); the work is cut into chunks of
+// CONVERT_CHUNK elements that blocks take in a grid-stride loop, each thread 8 consecutive
+// elements per step (two 16-byte loads, one 16-byte store), all its loads issued first.
 #include "dtype.cuh"
+
+#define CONVERT_CHUNK 8192  // elements per chunk: a multiple of 8, 4 steps of 256 threads
 
 __device__ __forceinline__ unsigned short f32_to_f16_bits(float f) {
     const unsigned int b = __float_as_uint(f);
@@ -20,6 +27,11 @@ __device__ __forceinline__ unsigned short f32_to_bf16_bits(float f) {
 }
 
 template <int BF16_OUT>
+__device__ __forceinline__ unsigned short to_bits(float f) {
+    return BF16_OUT ? f32_to_bf16_bits(f) : f32_to_f16_bits(f);
+}
+
+template <int BF16_OUT>
 __global__ void convert_f32(const float* __restrict__ src, unsigned short* __restrict__ dst, long long n) {
     const long long stride = (long long)gridDim.x * blockDim.x;
     const long long nvec = n / 4;
@@ -29,13 +41,86 @@ __global__ void convert_f32(const float* __restrict__ src, unsigned short* __res
         for (; i < nvec; i += stride) {
             const float4 f = reinterpret_cast<const float4*>(src)[i];
             ushort4 o;
-            o.x = BF16_OUT ? f32_to_bf16_bits(f.x) : f32_to_f16_bits(f.x);
-            o.y = BF16_OUT ? f32_to_bf16_bits(f.y) : f32_to_f16_bits(f.y);
-            o.z = BF16_OUT ? f32_to_bf16_bits(f.z) : f32_to_f16_bits(f.z);
-            o.w = BF16_OUT ? f32_to_bf16_bits(f.w) : f32_to_f16_bits(f.w);
+            o.x = to_bits<BF16_OUT>(f.x);
+            o.y = to_bits<BF16_OUT>(f.y);
+            o.z = to_bits<BF16_OUT>(f.z);
+            o.w = to_bits<BF16_OUT>(f.w);
             reinterpret_cast<ushort4*>(dst)[i] = o;
         }
         i = nvec * 4 + (long long)blockIdx.x * blockDim.x + threadIdx.x;
     }
-    for (; i < n; i += stride) dst[i] = BF16_OUT ? f32_to_bf16_bits(src[i]) : f32_to_f16_bits(src[i]);
+    for (; i < n; i += stride) dst[i] = to_bits<BF16_OUT>(src[i]);
+}
+
+struct ConvertDesc {      // one tensor of a sync; 32 bytes, as ratchet/engine/cuda/sync.py packs it
+    long long src;        // const float*
+    long long dst;        // unsigned short* (fp16 / bf16 bits) or float* (MODE 2)
+    long long n;          // elements
+    long long chunk0;     // index of its first chunk; descriptors sorted by it
+};
+
+__device__ __forceinline__ unsigned int pack2(unsigned short lo, unsigned short hi) {
+    return (unsigned int)lo | ((unsigned int)hi << 16);
+}
+
+// MODE 0: fp16, 1: bf16, 2: fp32 (a plain copy). 256 threads (other sizes take the scalar path);
+// a grid of at most 4 blocks per multiprocessor keeps every block resident.
+template <int MODE>
+__global__ void __launch_bounds__(256, 4)
+convert_many(const ConvertDesc* __restrict__ descs, int ndesc, long long nchunks) {
+    constexpr int STEPS = CONVERT_CHUNK / (8 * 256);
+    for (long long c = blockIdx.x; c < nchunks; c += gridDim.x) {
+        int lo = 0, hi = ndesc - 1;  // the last descriptor with chunk0 <= c
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) >> 1;
+            if (__ldg(&descs[mid].chunk0) <= c) lo = mid;
+            else hi = mid - 1;
+        }
+        const float* src = reinterpret_cast<const float*>(__ldg(&descs[lo].src));
+        const long long dst_addr = __ldg(&descs[lo].dst);
+        const long long n = __ldg(&descs[lo].n);
+        const long long begin = (c - __ldg(&descs[lo].chunk0)) * CONVERT_CHUNK;
+        const long long end = min(begin + (long long)CONVERT_CHUNK, n);
+        const bool aligned = ((reinterpret_cast<size_t>(src) | (size_t)dst_addr) & 15) == 0;
+        if (aligned && blockDim.x == 256) {
+            const long long full = begin + ((end - begin) & ~7LL);  // 8-element groups
+            float4 a[STEPS], b[STEPS];
+#pragma unroll
+            for (int s = 0; s < STEPS; ++s) {
+                const long long i = begin + 8LL * (s * 256 + threadIdx.x);
+                if (i < full) {
+                    a[s] = __ldcs(reinterpret_cast<const float4*>(src + i));
+                    b[s] = __ldcs(reinterpret_cast<const float4*>(src + i + 4));
+                }
+            }
+#pragma unroll
+            for (int s = 0; s < STEPS; ++s) {
+                const long long i = begin + 8LL * (s * 256 + threadIdx.x);
+                if (i < full) {
+                    if (MODE == 2) {
+                        float* dst = reinterpret_cast<float*>(dst_addr);
+                        reinterpret_cast<float4*>(dst + i)[0] = a[s];
+                        reinterpret_cast<float4*>(dst + i)[1] = b[s];
+                    } else {
+                        unsigned short* dst = reinterpret_cast<unsigned short*>(dst_addr);
+                        uint4 o;
+                        o.x = pack2(to_bits<MODE>(a[s].x), to_bits<MODE>(a[s].y));
+                        o.y = pack2(to_bits<MODE>(a[s].z), to_bits<MODE>(a[s].w));
+                        o.z = pack2(to_bits<MODE>(b[s].x), to_bits<MODE>(b[s].y));
+                        o.w = pack2(to_bits<MODE>(b[s].z), to_bits<MODE>(b[s].w));
+                        *reinterpret_cast<uint4*>(dst + i) = o;
+                    }
+                }
+            }
+            for (long long i = full + threadIdx.x; i < end; i += blockDim.x) {
+                if (MODE == 2) reinterpret_cast<float*>(dst_addr)[i] = src[i];
+                else reinterpret_cast<unsigned short*>(dst_addr)[i] = to_bits<MODE>(src[i]);
+            }
+        } else {
+            for (long long i = begin + threadIdx.x; i < end; i += blockDim.x) {
+                if (MODE == 2) reinterpret_cast<float*>(dst_addr)[i] = src[i];
+                else reinterpret_cast<unsigned short*>(dst_addr)[i] = to_bits<MODE>(src[i]);
+            }
+        }
+    }
 }

@@ -76,6 +76,45 @@ __device__ __forceinline__ void load2<F32>(const float* p, float& a, float& b) {
     b = v.y;
 }
 
+// 16 bytes of values (8 of a 16-bit type, 4 fp32) to fp32 and back.
+template <class D>
+struct Vec16 {
+    static constexpr int N = 16 / (int)sizeof(typename D::T);
+};
+
+template <class D>
+__device__ __forceinline__ void unpack16(const uint4& v, float* out) {
+    const unsigned int w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        out[2 * i] = D::load((typename D::T)(w[i] & 0xffffu));
+        out[2 * i + 1] = D::load((typename D::T)(w[i] >> 16));
+    }
+}
+
+template <>
+__device__ __forceinline__ void unpack16<F32>(const uint4& v, float* out) {
+    out[0] = __uint_as_float(v.x);
+    out[1] = __uint_as_float(v.y);
+    out[2] = __uint_as_float(v.z);
+    out[3] = __uint_as_float(v.w);
+}
+
+template <class D>
+__device__ __forceinline__ uint4 pack16(const float* in) {
+    unsigned int w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+        w[i] = (unsigned int)D::store(in[2 * i]) | ((unsigned int)D::store(in[2 * i + 1]) << 16);
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+template <>
+__device__ __forceinline__ uint4 pack16<F32>(const float* in) {
+    return make_uint4(__float_as_uint(in[0]), __float_as_uint(in[1]), __float_as_uint(in[2]),
+                      __float_as_uint(in[3]));
+}
+
 __device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);

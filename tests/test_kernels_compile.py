@@ -21,8 +21,8 @@ from ratchet.engine.cuda import loader
 
 ROOT = Path(__file__).resolve().parents[1]
 KERNELS = sorted(p.stem for p in loader.KERNEL_DIR.glob("*.cu"))
-# attention shapes (head_dim, group) to instantiate: Qwen2.5-0.5B, Llama-3-8B-like, a tiny one
-ATTN_SHAPES = ((64, 7), (128, 4), (32, 2))
+# attention shapes (head_dim, group) to instantiate: Qwen2.5-0.5B, Llama-3-8B-like, two tiny ones
+ATTN_SHAPES = ((64, 7), (128, 4), (32, 2), (16, 2))
 
 
 def test_every_operation_has_its_file():

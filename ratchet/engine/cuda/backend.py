@@ -87,6 +87,7 @@ class CudaBackend:
         self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
         self.use_graphs, self.prefill_chunk = use_graphs, prefill_chunk
         self.storage = np.dtype(STORAGE[dtype])
+        self.shapes = expected_shapes(cfg)
         self.ops = Ops(dtype, hd, group)
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.scratch_slot = max_batch_size
@@ -105,6 +106,7 @@ class CudaBackend:
         self.host_ints_np = np.frombuffer(self.host_ints, np.int32, NUM_FIELDS * self.buckets[-1]).reshape(
             NUM_FIELDS, self.buckets[-1])
         self.weights: dict[str, cp.ndarray] = {}
+        self.weight_sync: sync.WeightSync | None = None  # the buffers' pointers, once they exist
         self.graphs: dict[tuple[int, bool], object] = {}
         self.graph_error: str | None = None
         self.lengths = np.zeros(max_batch_size, dtype=np.int64)
@@ -123,7 +125,7 @@ class CudaBackend:
     def update_weights(self, weights: Mapping) -> None:
         """Any subset of the tensors: NumPy float32 arrays (on the dtype grid) or torch fp32
         CUDA tensors (rounded on the GPU through DLPack); written into the existing buffers."""
-        shapes = expected_shapes(self.cfg)
+        shapes = self.shapes
         for name, value in weights.items():  # check everything before writing anything
             if name not in shapes:
                 raise ValueError(f"cuda backend update_weights: unexpected tensor {name!r}")
@@ -133,11 +135,16 @@ class CudaBackend:
         if not self.weights:
             raise RuntimeError("cuda backend update_weights: load_weights first")
         with self.stream:
+            on_device = []  # (name, tensor): every GPU tensor in one launch
             for name, value in weights.items():
                 if sync.is_device_tensor(value):
-                    sync.copy_into(self.weights[name], value, self.dtype)
+                    on_device.append((name, value))
                 else:
                     self.weights[name].set(self._host_storage(value))
+            if on_device:
+                if self.weight_sync is None:
+                    self.weight_sync = sync.WeightSync(self.weights, self.dtype)
+                self.weight_sync.copy(on_device)
         self.stream.synchronize()
         self.reset()
 
@@ -235,16 +242,21 @@ class CudaBackend:
         return graph
 
     def _check_decode(self, slots, tokens, positions):
+        """int64 arrays (slots, tokens, positions), checked. Few NumPy calls: this runs on the
+        host before every step, and the step waits for it."""
         slots = np.asarray(slots, dtype=np.int64).reshape(-1)
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
         positions = np.asarray(positions, dtype=np.int64).reshape(-1)
         if not len(slots) == len(tokens) == len(positions):
             raise ValueError("decode: slots, tokens and positions differ in length")
-        assert len(np.unique(slots)) == len(slots), "decode slots must be distinct"
-        assert np.all((slots >= 0) & (slots < self.max_batch_size)), "decode slot out of range"
-        assert np.all((tokens >= 0) & (tokens < self.cfg.vocab_size)), "decode token outside the vocabulary"
-        assert np.all(positions <= self.lengths[slots]), "decode position past the cache"
-        assert np.all(positions < self.max_seq_len), "decode position past max_seq_len"
+        if not len(slots):
+            return slots, tokens, positions
+        assert slots.min() >= 0 and slots.max() < self.max_batch_size, "decode slot out of range"
+        assert tokens.min() >= 0 and tokens.max() < self.cfg.vocab_size, "decode token outside the vocabulary"
+        assert np.count_nonzero(np.bincount(slots, minlength=self.max_batch_size) > 1) == 0, \
+            "decode slots must be distinct"
+        assert not (positions > self.lengths[slots]).any(), "decode position past the cache"
+        assert positions.max() < self.max_seq_len, "decode position past max_seq_len"
         return slots, tokens, positions
 
     def _run_decode(self, slots, tokens, positions, params: np.ndarray | None = None) -> int:

@@ -259,6 +259,19 @@ def bench_sync(backend, weights_torch: dict) -> dict:
     inplace = float(np.median(times[1:]))
     out = {"params": n_params, "inplace_s": inplace,
            "inplace_GBps (fp32 read + 16-bit write)": n_params * (4 + backend.storage.itemsize) / inplace / 1e9}
+    # the conversion kernel alone (one launch over every tensor), CUDA events on the engine's stream
+    items = list(weights_torch.items())
+    ev = Events()
+    for i in range(6):
+        with backend.stream:
+            if i < 2:
+                backend.weight_sync.copy(items)
+                continue
+            with ev.time(backend.stream):
+                backend.weight_sync.copy(items)
+    kernel_ms = float(np.median(ev.ms))
+    out.update({"inplace_events_ms (WeightSync.copy call, GPU clock)": kernel_ms,
+                "inplace_events_TBps": n_params * (4 + backend.storage.itemsize) / (kernel_ms * 1e-3) / 1e12})
     with tempfile.TemporaryDirectory(dir=os.environ.get("RATCHET_BENCH_TMP")) as tmp:
         path = os.path.join(tmp, "model.safetensors")
         t = time.perf_counter()
@@ -303,6 +316,12 @@ def bench_sampler(rows=64, vocab=151936, seed=0) -> dict:
         with ev.time(stream):
             gpu_sampler.launch(logits, params, tokens, logprobs, table, work)
     ours = float(np.median(ev.ms))
+    ev_many = Events()  # 20 launches back to back: the kernel's own time, launch overhead hidden
+    for i in range(5):
+        with ev_many.time(stream):
+            for _ in range(20):
+                gpu_sampler.launch(logits, params, tokens, logprobs, table, work)
+    back_to_back = float(np.median(ev_many.ms)) / 20
     tl = torch.from_dlpack(logits)
 
     def top_p(x, p=0.9, temperature=1.0):
@@ -323,21 +342,23 @@ def bench_sampler(rows=64, vocab=151936, seed=0) -> dict:
         if i >= 10:
             times.append(s.elapsed_time(e))
     theirs = float(np.median(times))
-    return {"rows": rows, "vocab": vocab, "ours_ms": ours, "torch_top_p_sort_ms": theirs, "speedup": theirs / ours,
+    return {"rows": rows, "vocab": vocab, "ours_ms": ours, "ours_ms_back_to_back": back_to_back,
+            "torch_top_p_sort_ms": theirs, "speedup": theirs / ours,
             "gumbel_table_build_s": t_table,
             "ours_GBps (logits read)": rows * vocab * 4 / (ours * 1e-3) / 1e9}
 
 
 def bench(batch: int = 64, big_batch: int = 512, prompt_len: int = 128, new_tokens: int = 256,
           hf_new_tokens: int = 32, dtype: str = "fp16",
-          sections=("decode", "profile", "throughput", "engine", "hf", "sync", "sampler"), seed: int = 0) -> dict:
+          sections=("decode", "profile", "throughput", "profile_big", "engine", "hf", "sync", "sampler"),
+          seed: int = 0) -> dict:
     """Each section's figures (or its error); see the module docstring."""
     from ratchet.engine.cuda.backend import CudaBackend
 
     results: dict = {"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "dtype": dtype}
     cfg = qwen05_config()
     backend = weights = None
-    if {"decode", "profile", "throughput", "engine", "sync"} & set(sections):
+    if {"decode", "profile", "throughput", "profile_big", "engine", "sync"} & set(sections):
         t = time.perf_counter()
         weights = random_torch_weights(cfg, seed)
         backend = CudaBackend(cfg, dtype, max(batch, big_batch), prompt_len + new_tokens)
@@ -352,6 +373,8 @@ def bench(batch: int = 64, big_batch: int = 512, prompt_len: int = 128, new_toke
                 results[name] = profile_decode(backend, batch)
             elif name == "throughput":
                 results[name] = bench_throughput(backend, big_batch, prompt_len, new_tokens, seed + 1)
+            elif name == "profile_big":  # the B=512 step, at the context the throughput run left
+                results[name] = profile_decode(backend, big_batch)
             elif name == "engine":
                 results[name] = bench_engine(cfg, weights, batch, prompt_len, 64, seed)
             elif name == "hf":
@@ -374,7 +397,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None)
     ap.add_argument("--dtype", default="fp16")
-    ap.add_argument("--sections", default="decode,profile,throughput,engine,hf,sync,sampler")
+    ap.add_argument("--sections", default="decode,profile,throughput,profile_big,engine,hf,sync,sampler")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--big-batch", type=int, default=512)
     args = ap.parse_args()

@@ -19,7 +19,9 @@ def headline(results: dict) -> dict:
         "sync_ms": None if get("sync", "inplace_s") is None else 1e3 * get("sync", "inplace_s"),
         "save_reload_ms": None if get("sync", "reload_total_s") is None
         else 1e3 * get("sync", "reload_total_s"),
+        "sync_events_ms": get("sync", "inplace_events_ms (WeightSync.copy call, GPU clock)"),
         "sampler_ms": get("sampler", "ours_ms"),
+        "sampler_ms_back_to_back": get("sampler", "ours_ms_back_to_back"),
         "torch_sort_sampler_ms": get("sampler", "torch_top_p_sort_ms"),
     }
     if out["decode_ms_per_step_b64"] and out["hf_ms_per_step_b64"]:

@@ -119,16 +119,17 @@ def expressions(name: str, dtypes=("fp32", "fp16", "bf16"), attn_shapes=((64, 7)
     if name == "sampler":
         return ()
     if name == "convert":
-        return ("convert_f32<0>", "convert_f32<1>")
+        return ("convert_f32<0>", "convert_f32<1>", "convert_many<0>", "convert_many<1>", "convert_many<2>")
     if name == "attention_decode":
         return tuple(f"attn_decode_{part}<{t}, {hd}, {g}>" for t in tags for hd, g in attn_shapes
                      for part in ("partial", "combine"))
     if name == "attention_prefill":
         return tuple(f"attn_prefill<{t}, {hd}, {g}>" for t in tags for hd, g in attn_shapes)
-    entry = {"rmsnorm": "add_rmsnorm", "rope": "rope_qkv", "swiglu": "swiglu", "embedding": "embedding"}
+    entry = {"rmsnorm": ("add_rmsnorm", "add_rmsnorm_warp"), "rope": ("rope_qkv",),
+             "swiglu": ("swiglu", "swiglu_vec"), "embedding": ("embedding",)}
     if name not in entry:
         raise KeyError(f"unknown kernel {name!r}")
-    return tuple(f"{entry[name]}<{t}>" for t in tags)
+    return tuple(f"{e}<{t}>" for t in tags for e in entry[name])
 
 
 def nvcc_wrapper(name: str, exprs: tuple[str, ...]) -> str:

@@ -24,6 +24,7 @@ CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
 CUBLAS_COMPUTE_32F = 68  # fp32 accumulation, no TF32
 CUBLAS_GEMM_DEFAULT = -1
 DECODE_TILE = 64  # positions per tile in attention_decode.cu (#define TILE)
+RMS_VPL = 4  # rmsnorm.cu RMS_VPL: 16-byte vectors per lane of add_rmsnorm_warp
 MAX_DECODE_SPLITS = 32
 
 
@@ -34,6 +35,11 @@ def _i32(x) -> np.int32:
 def _ptr(a):
     """An array, or a null pointer for None (passed as a 64-bit zero)."""
     return np.uint64(0) if a is None else a
+
+
+def _aligned16(*arrays: cp.ndarray) -> bool:
+    """Every array starts on a 16-byte boundary (the vectorised kernels' loads)."""
+    return all(a.data.ptr % 16 == 0 for a in arrays)
 
 
 def _check(a: cp.ndarray, name: str, shape: tuple | None = None, dtype=None) -> None:
@@ -145,7 +151,9 @@ class Ops:
             module = loader.load(name, exprs)
             fn.update({e.split("<")[0]: module.get_function(e) for e in exprs})
         self.f_embedding, self.f_rmsnorm = fn["embedding"], fn["add_rmsnorm"]
+        self.f_rmsnorm_warp, self.f_swiglu_vec = fn["add_rmsnorm_warp"], fn["swiglu_vec"]
         self.f_rope, self.f_swiglu = fn["rope_qkv"], fn["swiglu"]
+        self.vec = 16 // self.storage.itemsize  # values per 16-byte vector
         self.f_decode_partial, self.f_decode_combine = fn["attn_decode_partial"], fn["attn_decode_combine"]
         self.f_prefill = fn["attn_prefill"]
         convert_module = loader.load("convert", loader.expressions("convert"))
@@ -203,7 +211,13 @@ class Ops:
             _check(delta, "rmsnorm delta", (rows, dim), self.storage)
         _check(weight, "rmsnorm weight", (dim,), self.storage)
         _check(out, "rmsnorm out", (rows, dim), self.storage)
-        if rows:
+        if not rows:
+            return
+        if dim % self.vec == 0 and dim <= 32 * RMS_VPL * self.vec \
+                and _aligned16(residual, weight, out, *(() if delta is None else (delta,))):
+            self.f_rmsnorm_warp((-(-rows // 4),), (128,), (residual, _ptr(delta), weight, out, _i32(rows),
+                                                          _i32(dim), np.float32(eps)))
+        else:
             self.f_rmsnorm((rows,), (256,), (residual, _ptr(delta), weight, out, _i32(dim), np.float32(eps)),
                            shared_mem=4 * dim)
 
@@ -237,7 +251,12 @@ class Ops:
         _check(gate_up, "swiglu gate_up", dtype=self.storage)
         _check(out, "swiglu out", (rows, two_f // 2), self.storage)
         n = rows * (two_f // 2)
-        if n:
+        if not n:
+            return
+        if (two_f // 2) % self.vec == 0 and _aligned16(gate_up, out):
+            grid = min(-(-(n // self.vec) // 256), 132 * 16)
+            self.f_swiglu_vec((grid,), (256,), (gate_up, out, _i32(rows), _i32(two_f // 2)))
+        else:
             grid = min(-(-n // 256), 132 * 16)
             self.f_swiglu((grid,), (256,), (gate_up, out, _i32(rows), _i32(two_f // 2)))
 

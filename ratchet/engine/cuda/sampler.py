@@ -1,11 +1,13 @@
 """The sampler on the GPU: `kernels/sampler.cu`, one pass over the vocabulary, each row cut
-into NCHUNKS blocks (a fixed number, so nothing depends on the batch) and merged by a second
-one-warp kernel.
+into NCHUNKS blocks (a fixed number, so nothing depends on the batch) and merged by the
+row's last block to finish: one launch.
 
 Tokens are the NumPy sampler's (ratchet/engine/sampler.py) bit for bit: the same Philox
 stream, and the Gumbel noise read from a table of the reference's own `gumbel_noise` over all
 2**UNIFORM_BITS uniforms it can draw (32 MiB on the GPU, built once per process), so the
-noise does not depend on how the host's or the GPU's float32 log rounds. Log-probabilities
+noise does not depend on how the host's or the GPU's float32 log rounds. The table is read
+only for the few positions whose approximate key (noise from the GPU's logs) comes within a
+margin of the best: the others cannot win (kernels/sampler.cu). Log-probabilities
 agree to float32 rounding (online log-sum-exp, fp32 exponentials summed in fp64).
 """
 
@@ -18,9 +20,10 @@ from ratchet.engine.cuda import loader
 from ratchet.engine.rng import UNIFORM_BITS, as_uint32, bits_to_uniform
 from ratchet.engine.sampler import gumbel_noise
 
-BLOCK = 256
+BLOCK = 256  # kernels/sampler.cu SAMPLE_BLOCK
 NCHUNKS = 8  # blocks per row; at most 32 (one warp merges them)
 PARTIAL_DOUBLES = 3  # sizeof(struct Partial) == 24 bytes
+assert UNIFORM_BITS == 23, "kernels/sampler.cu builds u from 23 bits"
 _tables: dict[int, cp.ndarray] = {}
 _kernels: dict = {}
 
@@ -45,18 +48,35 @@ def _kernel(name: str):
     return fn
 
 
+WORK_DOUBLES = NCHUNKS * PARTIAL_DOUBLES + 1  # a row's partials and its counter's slot
+
+
 def workspace(rows: int) -> cp.ndarray:
-    """Scratch for the per-chunk partial results of `rows` rows."""
-    return cp.empty(rows * NCHUNKS * PARTIAL_DOUBLES, dtype=np.float64)
+    """Scratch for up to `rows` rows: `rows` int32 counters first (zero; each launch leaves
+    them at zero), then the per-chunk partial results. The layout depends on the capacity
+    only, not on how many rows a launch samples: a counter never lands on another launch's
+    partials."""
+    return cp.zeros(rows * WORK_DOUBLES, dtype=np.float64)
+
+
+def approx_noise_error(table: cp.ndarray | None = None) -> float:
+    """max |approximate - tabulated| Gumbel noise over every uniform (the margin assumes < 2e-5)."""
+    table = gumbel_table() if table is None else table
+    out = cp.zeros(1, dtype=np.uint32)
+    _kernel("gumbel_error")((1024,), (256,), (table, np.int32(table.size), out))
+    return float(cp.asnumpy(out).view(np.float32)[0])
 
 
 def pack_params(seeds, request_ids, token_indices, temperatures, greedy) -> np.ndarray:
     """int32 [5, B]: key0 (seed), key1 (request id), counter (token index), T (float32 bits), greedy."""
     b = len(temperatures)
     params = np.empty((5, b), dtype=np.int32)
-    params[0] = as_uint32(seeds).view(np.int32)
-    params[1] = as_uint32(request_ids).view(np.int32)
-    params[2] = as_uint32(token_indices).view(np.int32)
+    try:  # one conversion for the three key rows (as_uint32 of each)
+        keys = np.array((seeds, request_ids, token_indices), dtype=np.int64).reshape(3, b)
+        params[:3] = (keys & 0xFFFFFFFF).astype(np.uint32).view(np.int32)
+    except ValueError:  # scalars or ragged: one row at a time, broadcast
+        for i, x in enumerate((seeds, request_ids, token_indices)):
+            params[i] = as_uint32(x).view(np.int32)
     params[3] = np.asarray(temperatures, dtype=np.float32).reshape(b).view(np.int32)
     params[4] = np.asarray(greedy, dtype=bool).reshape(b)
     return params
@@ -64,7 +84,8 @@ def pack_params(seeds, request_ids, token_indices, temperatures, greedy) -> np.n
 
 def launch(logits: cp.ndarray, params: cp.ndarray, tokens_out: cp.ndarray, logprobs_out: cp.ndarray,
            table: cp.ndarray | None = None, work: cp.ndarray | None = None) -> None:
-    """Sample rows of `logits` [B, V] fp32 (rows may be strided) with `params` int32 [5, >=B]."""
+    """Sample rows of `logits` [B, V] fp32 (rows may be strided) with `params` int32 [5, >=B]:
+    one launch (kernels/sampler.cu `sample`)."""
     rows, vocab = logits.shape
     if logits.dtype != np.float32 or logits.strides[1] != 4:
         raise ValueError("sampler: logits must be float32 with contiguous rows")
@@ -79,16 +100,14 @@ def launch(logits: cp.ndarray, params: cp.ndarray, tokens_out: cp.ndarray, logpr
         table = gumbel_table()
     if work is None:
         work = workspace(rows)
-    if work.dtype != np.float64 or work.size < rows * NCHUNKS * PARTIAL_DOUBLES:
+    capacity = work.size // WORK_DOUBLES
+    if work.dtype != np.float64 or capacity < rows:
         raise ValueError("sampler: workspace too small (see sampler.workspace)")
-    views = [params[i, :rows] for i in range(5)]  # contiguous: a prefix of one row
-    stride, chunk = np.int64(logits.strides[0] // 4), np.int32(-(-vocab // NCHUNKS))
-    temps = views[3].view(np.float32)
-    _kernel("sample_partial")((rows, NCHUNKS), (BLOCK,), (
-        logits, stride, np.int32(vocab), chunk, views[0], views[1], views[2], temps, views[4],
-        table, np.int32(UNIFORM_BITS), work))
-    _kernel("sample_combine")((rows,), (32,), (
-        logits, stride, np.int32(vocab), np.int32(NCHUNKS), temps, views[4], work, tokens_out, logprobs_out))
+    ptr = work.data.ptr  # counters int32 [capacity], then the partials
+    _kernel("sample")((rows, NCHUNKS), (BLOCK,), (
+        logits, np.int64(logits.strides[0] // 4), np.int32(vocab), np.int32(-(-vocab // NCHUNKS)),
+        params, np.int32(params.shape[1]), table, np.uint64(ptr + 8 * capacity), np.uint64(ptr), tokens_out,
+        logprobs_out))
 
 
 def sample(logits: cp.ndarray, seeds, request_ids, token_indices, temperatures,

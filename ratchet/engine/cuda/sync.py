@@ -1,9 +1,17 @@
-"""In-place weight sync from the trainer: a torch fp32 CUDA tensor into an engine buffer.
+"""In-place weight sync from the trainer: torch fp32 CUDA tensors into the engine's buffers.
 
-`copy_into(engine_buffer, tensor)` sees the tensor through DLPack (`cupy.from_dlpack`, no
-copy) and rounds it on the GPU, round-to-nearest-even, into the engine's fp16 / bf16 / fp32
-buffer: bit for bit what `ratchet.model.dtypes.round_to` gives on the host (kernels/convert.cu).
-torch is never imported here: the tensor brings its own `__dlpack__`.
+Every tensor of a sync is rounded on the GPU, round-to-nearest-even, into the engine's fp16 /
+bf16 / fp32 buffers in ONE launch (kernels/convert.cu `convert_many` over a device array of
+(src, dst, n, first chunk) descriptors): bit for bit what `ratchet.model.dtypes.round_to`
+gives on the host. No host copy, no sync between tensors, no per-tensor launch, and little
+per-tensor Python: `WeightSync` (the backend's) holds its buffers' pointers, and a repeated
+sync of the same tensors (the trainer's parameters live at fixed addresses) uploads nothing.
+
+Ordering: one DLPack exchange (`cupy.from_dlpack` on the first tensor) orders CuPy's current
+stream after the producer's current stream; the other tensors of the same framework (torch:
+`data_ptr()`, `is_contiguous()`, `get_device()`) are read through their pointers, checked for
+dtype, device, size and contiguity. Other DLPack objects each go through `cupy.from_dlpack`.
+torch is never imported here: the tensors bring their own `__dlpack__`.
 """
 
 from __future__ import annotations
@@ -11,35 +19,156 @@ from __future__ import annotations
 import cupy as cp
 import numpy as np
 
-from ratchet.engine.cuda import ops
+from ratchet.engine.cuda import loader
 
-BUFFER_DTYPES = {np.dtype(np.float32): "fp32", np.dtype(np.float16): "fp16", np.dtype(np.uint16): "bf16"}
+STORAGE = {"fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16), "bf16": np.dtype(np.uint16)}
+BUFFER_DTYPES = {v: k for k, v in STORAGE.items()}
+MODES = {"fp16": 0, "bf16": 1, "fp32": 2}
+CHUNK = 8192  # kernels/convert.cu CONVERT_CHUNK
+BLOCK = 256
+BLOCKS_PER_SM = 4  # resident at once (__launch_bounds__(256, 4)): no second wave
+
+_kernels: dict = {}
+_sms: dict = {}
 
 
 def is_device_tensor(value) -> bool:
     """A GPU tensor from another framework (torch, ...): it speaks DLPack and is not NumPy."""
+    if getattr(value, "is_cuda", None) is True:  # torch: a cheap attribute, no DLPack call
+        return hasattr(value, "__dlpack__")
     if isinstance(value, np.ndarray) or not hasattr(value, "__dlpack__"):
         return False
     device = getattr(value, "__dlpack_device__", None)
     return device is not None and device()[0] in (2, 3)  # kDLCUDA, kDLCUDAHost
 
 
-def copy_into(engine_buffer: cp.ndarray, tensor, dtype: str | None = None) -> None:
-    """Round `tensor` (fp32, on this GPU, any framework with DLPack) into `engine_buffer`.
+def _kernel(mode: int):
+    key = (mode, cp.cuda.runtime.getDevice())
+    fn = _kernels.get(key)
+    if fn is None:
+        module = loader.load("convert", loader.expressions("convert"))
+        fn = _kernels[key] = module.get_function(f"convert_many<{mode}>")
+    return fn
 
-    `dtype` names the buffer's engine dtype; by default it follows the buffer's storage
-    (float16 -> fp16, uint16 -> bf16 bit patterns, float32 -> fp32). Runs on CuPy's current
-    stream, ordered after the producer's stream by the DLPack exchange."""
-    dtype = dtype or BUFFER_DTYPES.get(engine_buffer.dtype)
-    if dtype is None:
-        raise ValueError(f"copy_into: engine buffer dtype {engine_buffer.dtype} is not an engine storage")
-    if hasattr(tensor, "is_contiguous") and not tensor.is_contiguous():
-        raise ValueError("copy_into: the source tensor must be contiguous")
-    src = cp.from_dlpack(tensor.detach() if hasattr(tensor, "detach") else tensor)
-    if src.dtype != np.float32:
-        raise ValueError(f"copy_into: source dtype {src.dtype}, expected float32")
-    if tuple(src.shape) != tuple(engine_buffer.shape):
-        raise ValueError(f"copy_into: source shape {tuple(src.shape)} != buffer shape {tuple(engine_buffer.shape)}")
-    if not engine_buffer.flags.c_contiguous or not src.flags.c_contiguous:
-        raise ValueError("copy_into: both sides must be C-contiguous")
-    ops.convert(src, engine_buffer, dtype)
+
+def _sm_count() -> int:
+    device = cp.cuda.runtime.getDevice()
+    n = _sms.get(device)
+    if n is None:
+        n = _sms[device] = cp.cuda.runtime.deviceGetAttribute(cp.cuda.runtime.cudaDevAttrMultiProcessorCount, device)
+    return n
+
+
+def _check_buffer(buf: cp.ndarray, dtype: str) -> None:
+    if not isinstance(buf, cp.ndarray) or buf.dtype != STORAGE[dtype]:
+        raise ValueError(f"sync: engine buffer dtype {getattr(buf, 'dtype', type(buf))} is not the storage of "
+                         f"{dtype!r}")
+    if not buf.flags.c_contiguous:
+        raise ValueError("sync: engine buffers must be C-contiguous")
+
+
+def _source_pointers(tensors, sizes) -> tuple[list[int], list]:
+    """Each source's device pointer (checked: fp32, this device, contiguous, the size), and
+    the CuPy views made on the way (kept alive until the launch is queued)."""
+    first = tensors[0]
+    src0 = cp.from_dlpack(first.detach() if hasattr(first, "detach") else first)  # orders the streams
+    device = cp.cuda.runtime.getDevice()
+    torch_like = all(hasattr(first, a) for a in ("data_ptr", "is_contiguous", "get_device", "numel", "dtype"))
+    f32 = first.dtype if src0.dtype == np.float32 else None
+    ptrs, keep = [], [src0]
+    for i, (t, n) in enumerate(zip(tensors, sizes)):
+        if i and torch_like and hasattr(t, "data_ptr"):
+            if t.dtype != f32:
+                raise ValueError(f"sync: source dtype {t.dtype}, expected float32")
+            if t.get_device() != device:
+                raise ValueError(f"sync: source on device {t.get_device()}, engine on {device}")
+            if not t.is_contiguous():
+                raise ValueError("sync: the source tensor must be contiguous")
+            if t.numel() != n:
+                raise ValueError(f"sync: source of {t.numel()} values for a buffer of {n}")
+            ptrs.append(t.data_ptr())
+            continue
+        src = src0 if i == 0 else cp.from_dlpack(t.detach() if hasattr(t, "detach") else t)
+        if src.dtype != np.float32:
+            raise ValueError(f"sync: source dtype {src.dtype}, expected float32")
+        if src.device.id != device:
+            raise ValueError(f"sync: source on device {src.device.id}, engine on {device}")
+        if not src.flags.c_contiguous:
+            raise ValueError("sync: the source tensor must be contiguous")
+        if src.size != n:
+            raise ValueError(f"sync: source of {src.size} values for a buffer of {n}")
+        ptrs.append(src.data.ptr)
+        if i:
+            keep.append(src)
+    return ptrs, keep
+
+
+class _Plan:
+    """The descriptor array of one set of (source, buffer) pointers, on the GPU."""
+
+    def __init__(self):
+        self.key = None
+        self.desc = None
+        self.chunks = 0
+
+    def launch(self, src_ptrs: list[int], dst_ptrs: tuple[int, ...], sizes: tuple[int, ...], mode: int) -> None:
+        key = (tuple(src_ptrs), dst_ptrs)
+        if key != self.key:
+            desc = np.empty((len(sizes), 4), dtype=np.int64)
+            chunk0 = 0
+            for i, (src, dst, n) in enumerate(zip(src_ptrs, dst_ptrs, sizes)):
+                desc[i] = (src, dst, n, chunk0)
+                chunk0 += -(-n // CHUNK)
+            self.key, self.desc, self.chunks = key, cp.asarray(desc), chunk0
+        if self.chunks:
+            grid = max(1, min(self.chunks, _sm_count() * BLOCKS_PER_SM))
+            _kernel(mode)((grid,), (BLOCK,), (self.desc, np.int32(len(sizes)), np.int64(self.chunks)))
+
+
+class WeightSync:
+    """The engine's buffers {name: CuPy array}, checked once; `copy(items)` rounds
+    [(name, tensor), ...] into them, one launch on CuPy's current stream."""
+
+    def __init__(self, buffers: dict, dtype: str):
+        for buf in buffers.values():
+            _check_buffer(buf, dtype)
+        self.dtype, self.mode = dtype, MODES[dtype]
+        self.dst = {name: (buf.data.ptr, buf.size) for name, buf in buffers.items()}
+        self._plan = _Plan()
+
+    def copy(self, items) -> None:
+        """items: [(name, fp32 tensor of the buffer's size)]; shapes are the caller's check."""
+        items = [(name, t) for name, t in items if self.dst[name][1]]
+        if not items:
+            return
+        dst = tuple(self.dst[name] for name, _ in items)
+        sizes = tuple(n for _, n in dst)
+        ptrs, keep = _source_pointers([t for _, t in items], sizes)
+        self._plan.launch(ptrs, tuple(p for p, _ in dst), sizes, self.mode)
+        del keep  # the launch is queued; the caller holds the tensors
+
+
+def copy_many(pairs, dtype: str | None = None) -> None:
+    """Round each (engine_buffer, tensor) pair's fp32 tensor into its buffer, one launch.
+
+    `dtype` names the buffers' engine dtype (all the same); by default it follows the first
+    buffer's storage. Runs on CuPy's current stream, after the producer's stream."""
+    pairs = [(b, t) for b, t in pairs if b.size]
+    if not pairs:
+        return
+    dtype = dtype or BUFFER_DTYPES.get(pairs[0][0].dtype)
+    if dtype not in MODES:
+        raise ValueError(f"copy_many: engine buffer dtype {pairs[0][0].dtype} is not an engine storage")
+    for buf, t in pairs:
+        _check_buffer(buf, dtype)
+        if tuple(t.shape) != tuple(buf.shape):
+            raise ValueError(f"copy_many: source shape {tuple(t.shape)} != buffer shape {tuple(buf.shape)}")
+    sizes = tuple(b.size for b, _ in pairs)
+    ptrs, keep = _source_pointers([t for _, t in pairs], sizes)
+    _Plan().launch(ptrs, tuple(b.data.ptr for b, _ in pairs), sizes, MODES[dtype])
+    del keep
+
+
+def copy_into(engine_buffer: cp.ndarray, tensor, dtype: str | None = None) -> None:
+    """Round one `tensor` (fp32, on this GPU, any framework with DLPack) into `engine_buffer`."""
+    copy_many([(engine_buffer, tensor)], dtype)
