@@ -20,9 +20,9 @@ import time
 
 from ratchet.rl import checkpoint as C
 from ratchet.rl.grpo import (Comm, Evaluator, Job, Timer, Workers, batch_digests, configure_threads,
-                             find_resume, float_hex, free_port, init_process_group, load_start,
+                             find_resume, free_port, init_process_group, load_start,
                              make_batch, relog, restore_trainer, set_determinism, train_on_batch,
-                             trainer_tensors, weights_digest, worker_device, worker_main,
+                             trace_row, trainer_tensors, worker_device, worker_main,
                              write_outputs)
 from ratchet.rl.rollout import Rollouts
 from ratchet.rl.sync import sync_weights
@@ -80,6 +80,7 @@ def colocated_worker(job: Job, rank: int, world: int, port: int | None, log=None
         if evaluator is not None and evaluator.due(step):
             row.update(evaluator(policy, engine))
         timer()
+        step_start = time.perf_counter()  # the eval is not part of the step's time
         # ---------------------------------------------------------------- roll out
         groups, rollout_stats = rollouts.collect(engine, step, version=step)
         batch = make_batch(groups, task, cfg)
@@ -96,8 +97,7 @@ def colocated_worker(job: Job, rank: int, world: int, port: int | None, log=None
         row.update({k: comm.max(v) for k, v in rollout_stats.items()})
         row["time/step_s"] = time.perf_counter() - step_start
         if rank == 0:
-            trace.append({"step": step, "tokens": digests["tokens"], "logprobs": digests["logprobs"],
-                          "loss": float_hex(metrics["train/loss"]), "weights": weights_digest(policy)})
+            trace.append(trace_row(step, digests, metrics["train/loss"], policy, cfg))
             rows.append(row)
             _print(step, row)
             if log is not None:

@@ -420,6 +420,17 @@ def batch_digests(batch: Batch, comm: Comm) -> dict[str, str]:
     return {"tokens": comm.digest(tokens.digest()), "logprobs": comm.digest(logprobs.digest())}
 
 
+def trace_row(step: int, digests: dict, loss: float, policy, cfg: GRPOConfig) -> dict:
+    """One step of the run's trace. The weights' SHA-256 costs a device-to-host copy of the
+    model, so for a large model it is taken only where it is compared: the steps `verify`
+    reruns, checkpoint steps and the last step ("" elsewhere)."""
+    small = sum(p.numel() for p in policy.parameters()) < SMALL_MODEL_PARAMS
+    wanted = (small or step < cfg.verify_steps or (step + 1) % cfg.checkpoint_every == 0
+              or step + 1 == cfg.steps)
+    return {"step": step, "tokens": digests["tokens"], "logprobs": digests["logprobs"],
+            "loss": float_hex(loss), "weights": weights_digest(policy) if wanted else ""}
+
+
 def weights_digest(policy) -> str:
     """SHA-256 of the fp32 masters in the engine layout order."""
     h = hashlib.sha256()
@@ -665,7 +676,9 @@ class Workers:
     if one dies with an error while this process waits on it in a collective, this process
     exits too instead of hanging until the process group's timeout."""
 
-    def __init__(self, module: str, job: Job, ranks: range, world: int, port: int):
+    def __init__(self, module: str, job: Job, ranks: range, world: int, port: int,
+                 env: dict[str, str] | None = None):
+        import os
         import subprocess
         import sys
         import threading
@@ -674,7 +687,8 @@ class Workers:
         self.job_file.parent.mkdir(parents=True, exist_ok=True)
         self.job_file.write_text(job.to_json())
         self.procs = [subprocess.Popen([sys.executable, "-m", module, "--job", str(self.job_file),
-                                        "--rank", str(r), "--world", str(world), "--port", str(port)])
+                                        "--rank", str(r), "--world", str(world), "--port", str(port)],
+                                       env={**os.environ, **(env or {})})
                       for r in ranks]
         self.closing = threading.Event()
         threading.Thread(target=self._watch, daemon=True).start()

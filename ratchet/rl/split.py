@@ -34,9 +34,9 @@ import torch
 
 from ratchet.rl import checkpoint as C
 from ratchet.rl.grpo import (Comm, Evaluator, Job, Timer, Workers, batch_digests, configure_threads,
-                             find_resume, float_hex, free_port, init_process_group, load_start,
+                             find_resume, free_port, init_process_group, load_start,
                              make_batch, recv_json, relog, restore_trainer, send_json, set_determinism,
-                             train_on_batch, trainer_tensors, weights_digest, worker_main,
+                             trace_row, train_on_batch, trainer_tensors, worker_main,
                              write_outputs)
 from ratchet.rl.rollout import Group, Rollouts
 from ratchet.rl.sync import WeightReceiver, broadcast_weights
@@ -48,7 +48,7 @@ def run_split(job: Job, log=None) -> dict:
     """Train; the trainer runs in this process (and calls `log(metrics, step)`), the engine
     in a child process."""
     port = free_port()
-    workers = Workers("ratchet.rl.split", job, range(1, 2), 2, port)
+    workers = Workers("ratchet.rl.split", job, range(1, 2), 2, port, env=_engine_gpu(job))
     failed = True
     try:
         summary = trainer_process(job, port, log)
@@ -56,6 +56,18 @@ def run_split(job: Job, log=None) -> dict:
     finally:
         workers.close(failed)
     return summary
+
+
+def _engine_gpu(job: Job) -> dict[str, str]:
+    """With two GPUs or more the engine process gets the second one (the trainer keeps the
+    first); with one, both share it."""
+    import os
+
+    if job.device == "cpu" or torch.cuda.device_count() < 2:
+        return {}
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
+    return {"CUDA_VISIBLE_DEVICES": ids[1]}
 
 
 # ---------------------------------------------------------------------------- the trainer
@@ -71,7 +83,10 @@ def trainer_process(job: Job, port: int, log=None) -> dict:
     evaluator = Evaluator(job, task)
     engine_dtype = torch_dtype(cfg.engine_dtype)
 
-    def engine_copy() -> dict[str, torch.Tensor]:
+    def engine_copy() -> dict[str, torch.Tensor] | None:
+        """What the engine holds after a sync (only checkpoints need it)."""
+        if not job.checkpoints:
+            return None
         return {k: v.to("cpu", engine_dtype) for k, v in policy.export_weights().items()}
 
     rows, trace, start, pending = [], [], 0, None
@@ -86,7 +101,7 @@ def trainer_process(job: Job, port: int, log=None) -> dict:
         print(f"[split] resumed from {resume_from} at step {start}")
         relog(rows, log)
     else:
-        engine_weights = engine_copy()
+        engine_weights = {k: v.to("cpu", engine_dtype) for k, v in policy.export_weights().items()}
     # the engine restarts from the state the checkpoint recorded (or from scratch)
     send_json({"first_batch": start + (pending is not None), "version": engine_version,
                "rollouts": rollout_state}, ENGINE)
@@ -104,6 +119,7 @@ def trainer_process(job: Job, port: int, log=None) -> dict:
         if evaluator.due(step):
             row.update(evaluator(policy))
         timer()
+        step_start = time.perf_counter()  # the eval is not part of the step's time
         # ---------------------------------------------------------------- roll out (wait for it)
         message = pending if pending is not None else recv_json(ENGINE)
         pending = None
@@ -131,8 +147,7 @@ def trainer_process(job: Job, port: int, log=None) -> dict:
         row["time/generate_s"] = message["generate_s"]
         row["rollout/weights_lag"] = float(step - message["version"])
         row["time/step_s"] = time.perf_counter() - step_start
-        trace.append({"step": step, "tokens": digests["tokens"], "logprobs": digests["logprobs"],
-                      "loss": float_hex(metrics["train/loss"]), "weights": weights_digest(policy)})
+        trace.append(trace_row(step, digests, metrics["train/loss"], policy, cfg))
         rows.append(row)
         _print(step, row)
         if log is not None:
