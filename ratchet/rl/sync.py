@@ -1,8 +1,9 @@
 """Engine <- trainer weights: a copy, because both hold the same layout.
 
-Colocated: `sync_weights(engine, policy)` hands the trainer's fp32 masters (NumPy views, no
-copy) to `Engine.update_weights`, which rounds them into its own buffers in place (fp16/bf16
-round-to-nearest-even, as `.to(dtype)` does). Split: the trainer broadcasts the masters as one
+Colocated: `sync_weights(engine, policy)` hands the trainer's fp32 masters to
+`Engine.update_weights`, which rounds them into its own buffers in place (fp16/bf16
+round-to-nearest-even, as `.to(dtype)` does): GPU tensors straight to a CUDA engine, NumPy
+views (no copy) to the NumPy engine. Split: the trainer broadcasts the masters as one
 flat fp32 buffer through torch.distributed (gloo on CPU, NCCL on GPU), the engine process
 receives into a buffer it allocated once and does the same update.
 """
@@ -21,7 +22,14 @@ def engine_weights(policy) -> dict[str, np.ndarray]:
 
 
 def sync_weights(engine, policy) -> None:
-    engine.update_weights(engine_weights(policy))
+    """A CUDA engine takes the trainer's GPU tensors as they are (rounded into its buffers in
+    one launch through DLPack, no host copy); otherwise the masters go as NumPy views."""
+    weights = policy.export_weights()
+    on_gpu = next(iter(weights.values())).is_cuda
+    if engine.backend_name == "cuda" and on_gpu:
+        engine.update_weights(weights)
+    else:
+        engine.update_weights(engine_weights(policy))
 
 
 def flat_size(model_cfg) -> int:
