@@ -21,22 +21,9 @@ import time
 import numpy as np
 
 from ratchet.paths import RunPaths
+from ratchet.stages.outputs import write_json, write_parquet
 
 SMALL_MODEL_PARAMS = 50_000_000  # below this, one torch thread beats several (thread start-up)
-
-
-def _write_parquet(df, path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    df.to_parquet(tmp, index=False)
-    os.replace(tmp, path)
-
-
-def _write_json(obj: dict, path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    os.replace(tmp, path)
 
 
 def _one_thread() -> None:
@@ -109,7 +96,7 @@ def ablate_decompose(cfg: dict, run) -> None:
                   f"max {r['abs_diff_max']:.2e}  outside {r['ratio_outside_share']:.4f}", flush=True)
 
     frame = decomposition(setup, settings, log=log)
-    _write_parquet(frame, paths.decompose_table)
+    write_parquet(paths.decompose_table, frame)
     decomposition_figure(frame, paths.decompose_figure)
     run.log_metrics({"time/decompose_s": time.perf_counter() - start})
     run.log_output(paths.decompose_table)
@@ -133,7 +120,7 @@ def ablate_visibility(cfg: dict, run) -> None:
             for r in rows), flush=True)
 
     frame = visibility(setup, settings, log=log)
-    _write_parquet(frame, paths.visibility_table)
+    write_parquet(paths.visibility_table, frame)
     visibility_figure(frame, paths.visibility_figure)
     run.log_metrics({"time/visibility_s": time.perf_counter() - start})
     run.log_output(paths.visibility_table)
@@ -157,14 +144,14 @@ def ablate_fix(cfg: dict, run) -> None:
 
     steps, runs = fix_runs(setup, settings, log=log)
     print("[ablate_fix] after training:\n" + runs.to_string(index=False), flush=True)
-    _write_parquet(steps, paths.fix_steps)
-    _write_parquet(runs, paths.fix_table)
+    write_parquet(paths.fix_steps, steps)
+    write_parquet(paths.fix_table, runs)
     fix_figure(steps, paths.fix_figure)
     decompose = pd.read_parquet(paths.decompose_table) if paths.decompose_table.is_file() else None
     vis = pd.read_parquet(paths.visibility_table) if paths.visibility_table.is_file() else None
     record = records(settings, decompose, vis, runs)
     record.update({"run_name": cfg["run_name"], "backend": setup.backend})
-    _write_json(record, paths.ablate_summary)
+    write_json(paths.ablate_summary, record)
     print("[ablate_fix] records: " + json.dumps(record), flush=True)
     run.log_metrics({f"ablate/{k}": v for k, v in record.items()
                      if isinstance(v, (int, float)) and not isinstance(v, bool)})

@@ -5,10 +5,10 @@ the study needs). Writes results/<run>/bench/bench.json and the headline figures
 from __future__ import annotations
 
 import json
-import os
 
 from ratchet.device import cuda_available, describe
 from ratchet.paths import RunPaths
+from ratchet.stages.outputs import write_json
 from ratchet.tracking import code_version
 
 
@@ -23,10 +23,7 @@ def bench(cfg: dict, run) -> None:
     results["commit"] = code_version()
     results["device"] = describe()
     out = RunPaths.from_config(cfg).bench
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(results, indent=2, default=float) + "\n")
-    os.replace(tmp, out)
+    write_json(out, results)
     run.log_metrics({f"bench/{k}": v for k, v in results["headline"].items() if v is not None})
     run.log_output(out)
     print(json.dumps(results["headline"], indent=2))

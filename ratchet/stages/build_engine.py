@@ -9,12 +9,11 @@ first gap must be at float32 rounding level; with 16-bit engines it is measured 
 
 from __future__ import annotations
 
-import json
-import os
 import time
 
 from ratchet.device import describe, resolve_backend
 from ratchet.paths import RunPaths
+from ratchet.stages.outputs import write_json
 
 # mean |difference of log p| the engine may show against the trainer on its own weights
 TOLERANCE = {"fp32": 1e-5, "fp16": 2e-2, "bf16": 1e-1}
@@ -72,8 +71,5 @@ def build_engine(cfg: dict, run) -> None:
     if not record["selftest"]["passed"]:
         raise RuntimeError(f"build_engine: engine ({backend}, {e['dtype']}) disagrees with the "
                            f"trainer on its own weights: mean |dlogp| {gap:.3e} > {tol:.0e}")
-    paths.build.parent.mkdir(parents=True, exist_ok=True)
-    tmp = paths.build.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    os.replace(tmp, paths.build)
+    write_json(paths.build, record)
     run.log_output(paths.build)

@@ -7,12 +7,11 @@ stays in the Hugging Face cache; local files stay where they are.
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 from pathlib import Path
 
 from ratchet.paths import RunPaths
+from ratchet.stages.outputs import write_json
 from ratchet.tracking import sha256_of
 
 HUB_PATTERNS = ["*.json", "*.safetensors", "merges.txt", "vocab.json", "tokenizer*"]
@@ -75,9 +74,7 @@ def download_model(cfg: dict, run) -> None:
     record = {"kind": kind, "source": source, "path": str(path), "sha256": digest,
               "repo_id": cfg["model"]["repo_id"] if source == "hub" else None,
               "revision": cfg["model"]["revision"] if source == "hub" else None}
-    tmp = paths.source_done.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    os.replace(tmp, paths.source_done)
+    write_json(paths.source_done, record)
     print(f"[download_model] {source}: {path} (sha256 {digest[:16]}...)")
     run.set_tags({"model.sha256": digest, "model.path": str(path)})
     run.log_output(paths.source_done)

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
-import os
-
 from ratchet.paths import RunPaths
+from ratchet.stages.outputs import write_json, write_parquet
 
 
 def run_eval(cfg: dict, run, model_dir, name: str) -> dict:
@@ -31,12 +29,8 @@ def run_eval(cfg: dict, run, model_dir, name: str) -> dict:
     summary, answers = evaluate(engine, tokenizer, problems, prompt_fn, ev["max_new_tokens"])
     summary.update({"name": name, "backend": engine.backend_name, "dtype": model.dtype})
     out_json, out_answers = paths.eval_json(name), paths.eval_answers(name)
-    out_json.parent.mkdir(parents=True, exist_ok=True)
-    answers.to_parquet(out_answers.with_suffix(".parquet.tmp"), index=False)
-    os.replace(out_answers.with_suffix(".parquet.tmp"), out_answers)
-    tmp = out_json.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(summary, indent=2) + "\n")
-    os.replace(tmp, out_json)
+    write_parquet(out_answers, answers)
+    write_json(out_json, summary)
     print(f"[{name}] accuracy {summary['accuracy']:.4f} ± {summary['accuracy_stderr']:.4f} "
           f"on {summary['n']} problems, format {summary['format_rate']:.3f}, "
           f"{summary['tokens_per_s']:.0f} tok/s")

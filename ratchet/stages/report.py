@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 from ratchet.paths import RunPaths
+from ratchet.stages.outputs import write_text
 from ratchet.report.tables import TRAIN_MODES
 
 
@@ -92,10 +93,7 @@ def report(cfg: dict, run) -> None:
     training_figure(inputs.train, paths.report_training_figure)
     inputs.figures["training"] = os.path.relpath(paths.report_training_figure, paths.report)
     text = build_summary(inputs)
-    paths.report.mkdir(parents=True, exist_ok=True)
-    tmp = paths.report_summary.with_name(f".{paths.report_summary.name}.tmp")
-    tmp.write_text(text + "\n")
-    os.replace(tmp, paths.report_summary)
+    write_text(paths.report_summary, text + "\n")
     missing = [name for name, v in [("baseline", inputs.baseline),
                                     *[(f"after {m}", e) for m, e in inputs.after.items()],
                                     *[(f"train {m}", d) for m, d in inputs.train.items()],

@@ -8,13 +8,12 @@ weights after each step. Writes results/<run>/verify/repro.json; a divergence is
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 
 import pandas as pd
 
 from ratchet.paths import RunPaths
+from ratchet.stages.outputs import write_json
 from ratchet.stages.train import MODES, make_job, run_mode
 
 QUANTITIES = ("tokens", "logprobs", "loss", "weights")
@@ -54,9 +53,6 @@ def verify(cfg: dict, run) -> None:
         print(f"[verify] {mode}: {n} steps rerun, {verdict}")
         run.log_metrics({f"verify/{mode}_identical": float(result["identical"])})
     report["identical"] = all(report[m]["identical"] for m in MODES)
-    paths.verify_json.parent.mkdir(parents=True, exist_ok=True)
-    tmp = paths.verify_json.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(report, indent=2) + "\n")
-    os.replace(tmp, paths.verify_json)
+    write_json(paths.verify_json, report)
     run.set_tags({"verify.identical": str(report["identical"]).lower()})
     run.log_output(paths.verify_json)
