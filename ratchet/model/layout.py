@@ -55,6 +55,18 @@ def check_weights(cfg: ModelConfig, weights: dict, source: str) -> None:
             raise ValueError(f"{source}: tensor {name!r} has shape {got}, expected {shape}")
 
 
+def check_update(cfg: ModelConfig, weights: dict, source: str) -> None:
+    """Like `check_weights` for an in-place update: any subset of the tensors, but each one a
+    known name with its exact shape. Checks everything before the caller writes anything."""
+    want = expected_shapes(cfg)
+    for name, value in weights.items():
+        if name not in want:
+            raise ValueError(f"{source}: unexpected tensor {name!r}")
+        if tuple(value.shape) != want[name]:
+            raise ValueError(f"{source}: tensor {name!r} has shape {tuple(value.shape)}, "
+                             f"expected {want[name]}")
+
+
 def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
     """Inverse frequencies [head_dim/2] in float64, with Llama-3 scaling if configured.
 

@@ -37,7 +37,7 @@ from ratchet.engine.cuda import sync
 from ratchet.engine.cuda.ops import STORAGE, Ops, decode_split
 from ratchet.model.config import ModelConfig
 from ratchet.model.dtypes import fp32_to_bf16_bits, round_to
-from ratchet.model.layout import DTYPES, check_weights, expected_shapes, rope_tables
+from ratchet.model.layout import DTYPES, check_update, check_weights, expected_shapes, rope_tables
 
 PREFILL_CHUNK = 4096  # rows per prefill pass: bounds the activation buffers
 # int32 fields of a decode step's one upload: the model's inputs, then the sampler's params
@@ -87,7 +87,6 @@ class CudaBackend:
         self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
         self.use_graphs, self.prefill_chunk = use_graphs, prefill_chunk
         self.storage = np.dtype(STORAGE[dtype])
-        self.shapes = expected_shapes(cfg)
         self.ops = Ops(dtype, hd, group)
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.scratch_slot = max_batch_size
@@ -125,13 +124,7 @@ class CudaBackend:
     def update_weights(self, weights: Mapping) -> None:
         """Any subset of the tensors: NumPy float32 arrays (on the dtype grid) or torch fp32
         CUDA tensors (rounded on the GPU through DLPack); written into the existing buffers."""
-        shapes = self.shapes
-        for name, value in weights.items():  # check everything before writing anything
-            if name not in shapes:
-                raise ValueError(f"cuda backend update_weights: unexpected tensor {name!r}")
-            if tuple(value.shape) != shapes[name]:
-                raise ValueError(f"cuda backend update_weights: tensor {name!r} has shape "
-                                 f"{tuple(value.shape)}, expected {shapes[name]}")
+        check_update(self.cfg, weights, "cuda backend update_weights")
         if not self.weights:
             raise RuntimeError("cuda backend update_weights: load_weights first")
         with self.stream:

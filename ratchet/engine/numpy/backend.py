@@ -21,7 +21,7 @@ from ratchet.engine.numpy.layers import apply_rope, attention, linear, rms_norm,
 from ratchet.engine.sampler import sample
 from ratchet.model.config import ModelConfig
 from ratchet.model.dtypes import round_to
-from ratchet.model.layout import DTYPES, check_weights, expected_shapes, rope_tables
+from ratchet.model.layout import DTYPES, check_update, check_weights, expected_shapes, rope_tables
 
 STORAGE = {"fp32": np.float32, "fp16": np.float16, "bf16": np.float32}
 PREFILL_CHUNK = 64  # prompt tokens per forward pass: bounds the attention temporaries
@@ -46,13 +46,7 @@ class NumpyBackend:
         self.reset()
 
     def update_weights(self, weights: Mapping[str, np.ndarray]) -> None:
-        shapes = expected_shapes(self.cfg)
-        for name, value in weights.items():  # check everything before writing anything
-            if name not in shapes:
-                raise ValueError(f"numpy backend update_weights: unexpected tensor {name!r}")
-            if tuple(value.shape) != shapes[name]:
-                raise ValueError(f"numpy backend update_weights: tensor {name!r} has shape "
-                                 f"{tuple(value.shape)}, expected {shapes[name]}")
+        check_update(self.cfg, weights, "numpy backend update_weights")
         for name, value in weights.items():
             self.weights[name][...] = self._to_storage(value)
         self.reset()
