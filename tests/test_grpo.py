@@ -128,6 +128,51 @@ def test_data_stream_is_seeded_and_shards_by_worker():
     assert interleaved == order
 
 
+@pytest.mark.parametrize("correction", ["none", "tis"])
+def test_one_pass_update_equals_score_then_update(cfg, correction):
+    """The fused path (one mini-batch: the update's forward is the scoring forward) gives the
+    same metrics and the same weights as scoring first, then updating."""
+    import dataclasses
+
+    import torch
+
+    from ratchet.model.io import load_engine_model
+    from ratchet.rl import grpo as G
+    from ratchet.rl.rollout import Rollouts
+    from ratchet.trainer.policy import Policy
+
+    make_engine, prompts = _engine_and_prompts(cfg)
+    paths = RunPaths.from_config(cfg)
+    task = G.Task.load(paths.model, paths.train_data, cfg["data"]["source"])
+    gcfg = dataclasses.replace(G.GRPOConfig.from_config(cfg), lr=1e-2, micro_batch_size=5,
+                               is_correction=correction, tis_cap=1.001, problems_per_step=4)
+    rollouts = Rollouts(prompts, gcfg.group_size, 8, 1.0, seed=3, groups_per_step=4)
+    groups, _ = rollouts.collect(make_engine(), 0, version=0)
+    batch = G.make_batch(groups, task, gcfg)
+    # the untrained model scores every answer alike: train on all with made-up advantages
+    batch.keep = np.array([len(r) > 0 for r in batch.responses])
+    batch.advantages = np.random.default_rng(0).normal(size=len(batch.responses))
+    batch.versions = [[i % 2] * len(v) for i, v in enumerate(batch.versions)]  # half stale
+    model = load_engine_model(paths.model)
+    out = []
+    for fused in (True, False):
+        torch.manual_seed(0)
+        policy = Policy.from_weights(model.cfg, model.weights)
+        optimizer = G.make_optimizer(policy, gcfg)
+        if fused:
+            sc, weights, totals = G.score_and_update(policy, optimizer, batch, gcfg, 1, G.Comm())
+        else:
+            sc = G.score(policy, batch, gcfg, 1)
+            old, weights = G.old_logprobs_and_weights(sc, gcfg)
+            totals = G.update(policy, optimizer, sc, old, weights, gcfg, G.Comm())
+        out.append((G.step_metrics(batch, sc, weights, totals, gcfg, G.Comm()), G.weights_digest(policy)))
+    (m1, w1), (m2, w2) = out
+    assert m1["train/num_updates"] == 1 and w1 == w2
+    assert m1.keys() == m2.keys()
+    for k in m1:
+        assert m1[k] == pytest.approx(m2[k], rel=1e-6, abs=1e-9), k
+
+
 # ---------------------------------------------------------------------------- the loops
 def test_colocated_runs_twice_bit_identically(cfg, tmp_path):
     from ratchet.rl.colocated import run_colocated

@@ -300,14 +300,18 @@ def score(policy, batch: Batch, cfg: GRPOConfig, version: int) -> Scored:
 
 
 def old_logprobs_and_weights(sc: Scored, cfg: GRPOConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    return _old_and_weights(sc.mask, sc.stale, sc.trainer, sc.engine, cfg)
+
+
+def _old_and_weights(mask, stale, trainer, engine, cfg: GRPOConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """The ratio's denominator per token, and the correction weight per token. Fresh tokens
     take the trainer's log-probs (old_logprobs "trainer") and the TIS/MIS weight; the others
     take the engine's and weight 1 (their ratio already is the importance ratio)."""
-    from_trainer = sc.mask & ~sc.stale if cfg.old_logprobs == "trainer" else torch.zeros_like(sc.mask)
-    old = torch.where(from_trainer, sc.trainer, sc.engine)  # [n, T]
-    weights = L.correction_weights(cfg.is_correction, sc.trainer, sc.engine, from_trainer,
+    from_trainer = mask & ~stale if cfg.old_logprobs == "trainer" else torch.zeros_like(mask)
+    old = torch.where(from_trainer, trainer, engine)  # [n, T]
+    weights = L.correction_weights(cfg.is_correction, trainer, engine, from_trainer,
                                    cfg.is_level, cfg.tis_cap, cfg.mis_low, cfg.mis_high)
-    return old, weights + (sc.mask & ~from_trainer).float()
+    return old, weights + (mask & ~from_trainer).float()
 
 
 def update(policy, optimizer, sc: Scored, old: torch.Tensor, weights: torch.Tensor,
@@ -341,15 +345,64 @@ def update(policy, optimizer, sc: Scored, old: torch.Tensor, weights: torch.Tens
     return totals
 
 
+def score_and_update(policy, optimizer, batch: Batch, cfg: GRPOConfig, version: int,
+                     comm: Comm) -> tuple[Scored, torch.Tensor, dict]:
+    """`score` then `update` for one mini-batch, in one pass: the weights change only at the
+    optimiser step after every micro-batch's backward, so each micro-batch's own forward
+    gives the trainer's log-probs before the update (detached, they are `score`'s). This
+    drops the scoring forward, a third of the trainer's time; the loss and gradient are the
+    same. Returns (the scored batch, the correction weights, the update's totals)."""
+    device = next(policy.parameters()).device
+    prompts, responses = batch.kept("prompts"), batch.kept("responses")
+    n, width = len(responses), max((len(r) for r in responses), default=0)
+    lengths = torch.tensor([len(r) for r in responses], dtype=torch.int64)
+    sc = Scored(prompts, responses, (torch.arange(width)[None, :] < lengths[:, None]).to(device),
+                engine=_pad(batch.kept("engine_logprobs"), width, device=device),
+                trainer=torch.zeros(n, width, device=device), entropy=torch.zeros(n, width, device=device),
+                stale=_pad(batch.kept("versions"), width, torch.int64, device) < version,
+                advantages=torch.tensor(batch.advantages[batch.keep], dtype=torch.float32, device=device))
+    weights = torch.zeros(n, width, device=device)
+    params = list(policy.parameters())
+    totals = {"loss": 0.0, "clipped": 0.0, "ratio": 0.0, "grad_norm": 0.0, "updates": 0}
+    num_tokens = comm.sum([float(sc.mask.sum())])[0]
+    if num_tokens == 0:
+        return sc, weights, totals  # every worker sees the same global count, so all skip together
+    optimizer.zero_grad(set_to_none=False)
+    for part in _chunks(n, cfg.micro_batch_size):
+        rows = slice(part.start, part.stop)
+        lp, m, ent = policy.token_logprobs(prompts[rows], responses[rows], temperature=cfg.temperature,
+                                           weight_dtype=cfg.weight_dtype, compute_dtype=cfg.compute_dtype,
+                                           with_entropy=True)  # [b, t]
+        t = lp.shape[1]
+        before = lp.detach()
+        sc.trainer[rows, :t], sc.entropy[rows, :t] = before, ent.detach()
+        old, w = _old_and_weights(m, sc.stale[rows, :t], before, sc.engine[rows, :t], cfg)
+        weights[rows, :t] = w
+        loss, sums = L.policy_loss(lp, old, sc.advantages[rows], m, w, num_tokens,
+                                   cfg.clip_eps_low, cfg.clip_eps_high)
+        loss.backward()
+        totals["loss"] += float(loss.detach())
+        totals["clipped"] += sums["clipped"]
+        totals["ratio"] += sums["ratio"]
+    comm.sum_grads(params)
+    totals["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm, foreach=False))
+    optimizer.step()
+    totals["updates"] = 1
+    return sc, weights, totals
+
+
 def train_on_batch(policy, optimizer, batch: Batch, cfg: GRPOConfig, version: int,
                    comm: Comm | None = None) -> dict[str, float]:
     """One GRPO update on the kept answers of `batch`; `version` is the number of updates
     the trainer's weights have seen (tokens sampled under an older version are stale).
     Returns the step's metrics, over all workers."""
     comm = comm or Comm()
-    sc = score(policy, batch, cfg, version)
-    old, weights = old_logprobs_and_weights(sc, cfg)
-    totals = update(policy, optimizer, sc, old, weights, cfg, comm)
+    if cfg.num_minibatches == 1:
+        sc, weights, totals = score_and_update(policy, optimizer, batch, cfg, version, comm)
+    else:
+        sc = score(policy, batch, cfg, version)
+        old, weights = old_logprobs_and_weights(sc, cfg)
+        totals = update(policy, optimizer, sc, old, weights, cfg, comm)
     return step_metrics(batch, sc, weights, totals, cfg, comm)
 
 

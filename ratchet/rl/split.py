@@ -39,7 +39,7 @@ from ratchet.rl.grpo import (Comm, Evaluator, Job, Timer, Workers, batch_digests
                              trace_row, train_on_batch, trainer_tensors, worker_main,
                              write_outputs)
 from ratchet.rl.rollout import Group, Rollouts
-from ratchet.rl.sync import WeightReceiver, broadcast_weights
+from ratchet.rl.sync import WeightReceiver, WeightSender
 
 TRAINER, ENGINE = 0, 1
 
@@ -106,11 +106,12 @@ def trainer_process(job: Job, port: int, log=None) -> dict:
     send_json({"first_batch": start + (pending is not None), "version": engine_version,
                "rollouts": rollout_state}, ENGINE)
     torch.distributed.broadcast(torch.cat([w.float().reshape(-1) for w in engine_weights.values()]), TRAINER)
+    sender = WeightSender(policy)
     copies = {engine_version: engine_weights}  # weights version -> what the engine holds
     last_needed = cfg.steps - 1 - cfg.ahead  # the newest version the engine will ask for
     in_flight = None  # the weights broadcast still on its way (the engine takes it when it
     if engine_version < start <= last_needed:  # has finished the batch it is generating)
-        in_flight = broadcast_weights(policy, TRAINER, async_op=True)
+        in_flight = sender.send(TRAINER, async_op=True)
         copies[start] = engine_copy()
 
     for step in range(start, cfg.steps):
@@ -137,7 +138,7 @@ def trainer_process(job: Job, port: int, log=None) -> dict:
         if step + 1 <= last_needed:
             if in_flight is not None:
                 in_flight.wait()
-            in_flight = broadcast_weights(policy, TRAINER, async_op=True)
+            in_flight = sender.send(TRAINER, async_op=True)
             copies[step + 1] = engine_copy()
         row["time/sync_s"] = timer()
         # ---------------------------------------------------------------- log
@@ -204,7 +205,7 @@ def engine_process(job: Job, rank: int = ENGINE, world: int = 2, port: int = 0) 
     rollouts = Rollouts(task.prompts, cfg.group_size, cfg.max_new_tokens, cfg.temperature, cfg.seed,
                         cfg.problems_per_step, extra_groups=cfg.extra_groups,
                         max_staleness=cfg.max_staleness)
-    receiver = WeightReceiver(model.cfg)
+    receiver = WeightReceiver(model.cfg, device=job.device)
     start = recv_json(TRAINER)
     version = start["version"]
     if start["rollouts"] is not None:

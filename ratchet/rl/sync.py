@@ -4,8 +4,10 @@ Colocated: `sync_weights(engine, policy)` hands the trainer's fp32 masters to
 `Engine.update_weights`, which rounds them into its own buffers in place (fp16/bf16
 round-to-nearest-even, as `.to(dtype)` does): GPU tensors straight to a CUDA engine, NumPy
 views (no copy) to the NumPy engine. Split: the trainer broadcasts the masters as one
-flat fp32 buffer through torch.distributed (gloo on CPU, NCCL on GPU), the engine process
-receives into a buffer it allocated once and does the same update.
+flat fp32 buffer through torch.distributed (`WeightSender`: gloo, or NCCL between two GPUs),
+the engine process receives into buffers it allocated once (`WeightReceiver`) and does the
+same update. Two processes on one GPU cannot use NCCL (one rank per device), so they go
+through gloo and pinned host memory.
 """
 
 from __future__ import annotations
@@ -36,32 +38,55 @@ def flat_size(model_cfg) -> int:
     return sum(int(np.prod(s)) for s in expected_shapes(model_cfg).values())
 
 
-def broadcast_weights(policy, src: int = 0, group=None, async_op: bool = False):
-    """Trainer side: send the masters to every other rank of `group`. With `async_op`,
-    returns the work handle (wait on it before the next broadcast); the flat buffer is a
-    copy, so the next optimiser step may run while it is in flight."""
-    flat = torch.cat([w.reshape(-1) for w in policy.export_weights().values()])  # [P] fp32
-    if torch.distributed.get_backend(group) != "nccl":
-        flat = flat.cpu()
-    return torch.distributed.broadcast(flat, src=src, group=group, async_op=async_op)
+class WeightSender:
+    """Trainer side of the split broadcast: the masters as one flat fp32 buffer to every other
+    rank. Under gloo the buffer is pinned host memory, reused: one device-to-host copy per
+    sync. `send(async_op=True)` returns the work handle; wait on it before the next send
+    (the buffer is rewritten), while the optimiser may already run the next step."""
+
+    def __init__(self, policy, group=None):
+        self.policy, self.group = policy, group
+        self.nccl = torch.distributed.get_backend(group) == "nccl"
+        self.staging = None
+
+    def send(self, src: int = 0, async_op: bool = False):
+        # a new tensor (cat copies), so the next optimiser step may change the masters
+        flat = torch.cat([w.reshape(-1) for w in self.policy.export_weights().values()])  # [P] fp32
+        if not self.nccl and flat.is_cuda:
+            if self.staging is None:
+                self.staging = torch.empty(flat.numel(), dtype=torch.float32, pin_memory=True)
+            self.staging.copy_(flat)
+            flat = self.staging
+        return torch.distributed.broadcast(flat, src=src, group=self.group, async_op=async_op)
 
 
 class WeightReceiver:
-    """Engine side: one flat fp32 buffer, received into and split by the layout."""
+    """Engine side: one flat fp32 buffer, received into and split by the layout. A CUDA
+    engine takes it on the GPU (NCCL receives there; gloo receives into pinned host memory,
+    then one host-to-device copy) and rounds it into its buffers in one launch."""
 
-    def __init__(self, model_cfg):
+    def __init__(self, model_cfg, device: str = "cpu", group=None):
         self.shapes = expected_shapes(model_cfg)
-        self.buffer = torch.empty(flat_size(model_cfg), dtype=torch.float32)
+        self.group = group
+        n, on_gpu = flat_size(model_cfg), torch.device(device).type == "cuda"
+        nccl = torch.distributed.is_initialized() and torch.distributed.get_backend(group) == "nccl"
+        self.wire = torch.empty(n, dtype=torch.float32, device=device if nccl else "cpu",
+                                pin_memory=on_gpu and not nccl)
+        self.flat = torch.empty(n, dtype=torch.float32, device=device) if on_gpu and not nccl else self.wire
 
-    def receive(self, src: int = 0, group=None) -> dict[str, np.ndarray]:
-        torch.distributed.broadcast(self.buffer, src=src, group=group)
-        flat = self.buffer.numpy()
+    def receive(self, src: int = 0) -> dict[str, torch.Tensor]:
+        torch.distributed.broadcast(self.wire, src=src, group=self.group)
+        if self.flat is not self.wire:
+            self.flat.copy_(self.wire)  # from pinned memory: synchronous, done on return
         out, offset = {}, 0
         for name, shape in self.shapes.items():
             size = int(np.prod(shape))
-            out[name] = flat[offset:offset + size].reshape(shape)
+            out[name] = self.flat[offset:offset + size].view(shape)
             offset += size
         return out
 
-    def receive_into(self, engine, src: int = 0, group=None) -> None:
-        engine.update_weights(self.receive(src, group))
+    def receive_into(self, engine, src: int = 0) -> None:
+        weights = self.receive(src)
+        if not (engine.backend_name == "cuda" and self.flat.is_cuda):
+            weights = {k: v.cpu().numpy() for k, v in weights.items()}
+        engine.update_weights(weights)
