@@ -84,10 +84,12 @@ def trainer_process(job: Job, port: int, log=None) -> dict:
     engine_dtype = torch_dtype(cfg.engine_dtype)
 
     def engine_copy() -> dict[str, torch.Tensor] | None:
-        """What the engine holds after a sync (only checkpoints need it)."""
+        """What the engine holds after a sync (only checkpoints need it). Kept where the
+        masters are (a GPU copy costs a millisecond, a host copy a good part of a step) and
+        moved to the host only when a checkpoint is written."""
         if not job.checkpoints:
             return None
-        return {k: v.to("cpu", engine_dtype) for k, v in policy.export_weights().items()}
+        return {k: v.detach().to(engine_dtype, copy=True) for k, v in policy.export_weights().items()}
 
     rows, trace, start, pending = [], [], 0, None
     engine_version, rollout_state = 0, None
@@ -176,7 +178,8 @@ def _checkpoint(job, policy, optimizer, step, engine_weights, message, rows, tra
              "pending": message if pending else None,
              "engine_version": message["version"], "rollouts": message["rollouts"]}
     C.save_checkpoint(job.checkpoint_dir, step,
-                      {**trainer_tensors(policy, optimizer), "engine": engine_weights},
+                      {**trainer_tensors(policy, optimizer),
+                       "engine": {k: v.cpu() for k, v in engine_weights.items()}},
                       state, keep=job.grpo.keep_checkpoints)
 
 

@@ -13,6 +13,8 @@ rule ablate_decompose:
         ),
     params:
         settings=stage_settings("ablate_decompose"),
+    resources:
+        gpu_jobs=1,
     conda:
         "../envs/ratchet.yaml"
     log:
@@ -38,6 +40,8 @@ rule ablate_visibility:
         ),
     params:
         settings=stage_settings("ablate_visibility"),
+    resources:
+        gpu_jobs=1,
     conda:
         "../envs/ratchet.yaml"
     log:
@@ -68,6 +72,8 @@ rule ablate_fix:
         ),
     params:
         settings=stage_settings("ablate_fix"),
+    resources:
+        gpu_jobs=1,
     conda:
         "../envs/ratchet.yaml"
     log:

@@ -7,6 +7,8 @@ rule eval_baseline:
         answers=P.eval_answers("baseline"),
     params:
         settings=stage_settings("eval_baseline"),
+    resources:
+        gpu_jobs=1,
     conda:
         "../envs/ratchet.yaml"
     log:
@@ -24,6 +26,8 @@ rule bench:
         bench=P.bench,
     params:
         settings=stage_settings("bench"),
+    resources:
+        gpu_jobs=1,
     conda:
         "../envs/ratchet.yaml"
     log:

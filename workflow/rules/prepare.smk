@@ -49,6 +49,8 @@ rule build_engine:
         build=P.build,
     params:
         settings=stage_settings("build_engine"),
+    resources:
+        gpu_jobs=1,
     conda:
         "../envs/ratchet.yaml"
     log:

@@ -18,6 +18,8 @@ rule train_colocated:
         manifest=P.train_manifest("colocated"),
     params:
         settings=stage_settings("train_colocated"),
+    resources:
+        gpu_jobs=1,
     conda:
         "../envs/ratchet.yaml"
     log:
@@ -40,6 +42,8 @@ rule train_split:
         manifest=P.train_manifest("split"),
     params:
         settings=stage_settings("train_split"),
+    resources:
+        gpu_jobs=1,
     conda:
         "../envs/ratchet.yaml"
     log:
@@ -59,6 +63,8 @@ rule eval_after_colocated:
         answers=P.eval_answers("after_colocated"),
     params:
         settings=stage_settings("eval_after_colocated"),
+    resources:
+        gpu_jobs=1,
     conda:
         "../envs/ratchet.yaml"
     log:
@@ -76,6 +82,8 @@ rule eval_after_split:
         answers=P.eval_answers("after_split"),
     params:
         settings=stage_settings("eval_after_split"),
+    resources:
+        gpu_jobs=1,
     conda:
         "../envs/ratchet.yaml"
     log:
@@ -92,6 +100,8 @@ rule verify:
         repro=P.verify_json,
     params:
         settings=stage_settings("verify"),
+    resources:
+        gpu_jobs=1,
     conda:
         "../envs/ratchet.yaml"
     log:

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# GPU calls: the local profile end to end, exactly the README's command
+#   snakemake --cores all --configfile config/local.yaml
+# timed, with GPU memory sampled every second, then gathered into a record.
+# A device call lasts at most 10 minutes, so the run is started detached (setsid outlives
+# the call) and polled:
+#   bash tools/gpu/local-pipeline.sh start     # model + data in place, launch, return
+#   bash tools/gpu/local-pipeline.sh wait      # poll up to WAIT_S s (default 540), show progress
+#   bash tools/gpu/local-pipeline.sh collect   # the record -> $OUT/h200-local
+set -uo pipefail
+source tools/gpu/env.sh
+state=/root/pipeline
+command="snakemake --cores all --configfile config/local.yaml"
+
+case "${1:?start, wait or collect}" in
+start)
+  bash tools/gpu/assemble-model.sh || exit 1
+  mkdir -p ../shared/data && ln -sfn /root/data/gsm8k ../shared/data/gsm8k
+  rm -rf "$state" && mkdir -p "$state"
+  python3 - <<'PY' || { echo "MLflow's SQLite store fails here: tracking off"; export RATCHET_TRACKING=off; }
+import tempfile, mlflow
+c = mlflow.MlflowClient(f"sqlite:///{tempfile.mkdtemp()}/m.db")
+r = c.create_run(c.create_experiment("smoke"))
+c.log_metric(r.info.run_id, "x", 1.0, step=1)
+print("mlflow sqlite ok")
+PY
+  setsid nohup bash tools/gpu/local-pipeline.sh run > "$state/run.log" 2>&1 < /dev/null &
+  sleep 20 && tail -5 "$state/snakemake.log"
+  ;;
+run)
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 1000 > "$state/gpu_mem_mib.txt" &
+  sampler=$!
+  t0=$(date +%s.%N)
+  $command > "$state/snakemake.log" 2>&1
+  rc=$?
+  t1=$(date +%s.%N)
+  kill "$sampler"
+  python3 -c "print($t1 - $t0)" > "$state/wall_s"
+  echo "$rc" > "$state/rc"
+  ;;
+wait)
+  end=$((SECONDS + ${WAIT_S:-540}))
+  while [ ! -f "$state/rc" ] && [ $SECONDS -lt $end ]; do sleep 5; done
+  grep -E "^\[|Finished jobid|Error|error|Exiting" "$state/snakemake.log" | tail -25
+  for f in results/local/logs/*.log; do echo "== $f: $(grep -v '^\s*$' "$f" | tail -1 | cut -c1-240)"; done
+  sort -n "$state/gpu_mem_mib.txt" | tail -1 | sed 's/^/peak GPU memory MiB so far: /'
+  [ -f "$state/rc" ] && echo "pipeline rc $(cat "$state/rc"), wall $(cat "$state/wall_s") s" || echo "still running"
+  ;;
+collect)
+  python3 -m ratchet.report.record --run results/local --out "$OUT/h200-local" \
+    --wall-s "$(cat "$state/wall_s")" --command "$command" --config config/local.yaml \
+    --gpu-samples "$state/gpu_mem_mib.txt"
+  cp "$state/snakemake.log" "$OUT/h200-local/"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/h200-local/nvidia-smi.txt"
+  ;;
+esac
