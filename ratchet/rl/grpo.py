@@ -614,6 +614,10 @@ def worker_device(job: Job, rank: int, world: int) -> tuple[str, str]:
         return "cpu", "gloo"
     if torch.cuda.device_count() >= world:
         torch.cuda.set_device(rank)
+        if job.backend == "cuda":  # the engine (CuPy) on the same GPU as this worker's trainer
+            import cupy
+
+            cupy.cuda.Device(rank).use()
         return f"cuda:{rank}", "nccl"
     return "cuda", "gloo"
 

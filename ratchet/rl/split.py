@@ -2,8 +2,8 @@
 
     python -m ratchet train_split --config config/config.yaml
 
-Process 0 trains, process 1 generates (torch.distributed: gloo on CPU, later NCCL with one
-GPU each). Batch k+1 is generated while batch k trains: batch k is sampled with the weights
+Process 0 trains, process 1 generates (torch.distributed: messages over gloo; the weights
+over NCCL when each process has its own GPU, else over gloo through pinned host memory). Batch k+1 is generated while batch k trains: batch k is sampled with the weights
 of version k - ahead (ahead = 1; 0 makes it synchronous), and after each update the trainer
 broadcasts its fp32 masters, which the engine rounds into its own buffers in place.
 
@@ -58,6 +58,15 @@ def run_split(job: Job, log=None) -> dict:
     return summary
 
 
+def _weights_group(backend: str):
+    """The group the weights travel in: NCCL between two GPUs (both processes call this);
+    None (the default gloo group) otherwise: two processes on one GPU cannot use NCCL, which
+    takes one rank per device."""
+    if backend != "nccl":
+        return None
+    return torch.distributed.new_group([TRAINER, ENGINE], backend="nccl")
+
+
 def _engine_gpu(job: Job) -> dict[str, str]:
     """With two GPUs or more the engine process gets the second one (the trainer keeps the
     first); with one, both share it."""
@@ -75,7 +84,7 @@ def trainer_process(job: Job, port: int, log=None) -> dict:
     from ratchet.trainer.precision import torch_dtype
 
     cfg = job.grpo
-    init_process_group(TRAINER, 2, port)  # gloo: messages and weights go through the CPU
+    init_process_group(TRAINER, 2, port)  # gloo: the messages go through the CPU
     set_determinism(cfg.seed)
     task = job.load_task()
     model, policy, optimizer = load_start(job, job.device)
@@ -105,10 +114,11 @@ def trainer_process(job: Job, port: int, log=None) -> dict:
     else:
         engine_weights = {k: v.to("cpu", engine_dtype) for k, v in policy.export_weights().items()}
     # the engine restarts from the state the checkpoint recorded (or from scratch)
+    weights_backend = "nccl" if _engine_gpu(job) else "gloo"
     send_json({"first_batch": start + (pending is not None), "version": engine_version,
-               "rollouts": rollout_state}, ENGINE)
-    torch.distributed.broadcast(torch.cat([w.float().reshape(-1) for w in engine_weights.values()]), TRAINER)
-    sender = WeightSender(policy)
+               "rollouts": rollout_state, "weights_backend": weights_backend}, ENGINE)
+    sender = WeightSender(policy, _weights_group(weights_backend))
+    sender.send(TRAINER, weights=engine_weights)
     copies = {engine_version: engine_weights}  # weights version -> what the engine holds
     last_needed = cfg.steps - 1 - cfg.ahead  # the newest version the engine will ask for
     in_flight = None  # the weights broadcast still on its way (the engine takes it when it
@@ -208,8 +218,8 @@ def engine_process(job: Job, rank: int = ENGINE, world: int = 2, port: int = 0) 
     rollouts = Rollouts(task.prompts, cfg.group_size, cfg.max_new_tokens, cfg.temperature, cfg.seed,
                         cfg.problems_per_step, extra_groups=cfg.extra_groups,
                         max_staleness=cfg.max_staleness)
-    receiver = WeightReceiver(model.cfg, device=job.device)
     start = recv_json(TRAINER)
+    receiver = WeightReceiver(model.cfg, device=job.device, group=_weights_group(start["weights_backend"]))
     version = start["version"]
     if start["rollouts"] is not None:
         rollouts.load_state_dict(start["rollouts"])

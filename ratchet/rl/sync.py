@@ -49,14 +49,19 @@ class WeightSender:
         self.nccl = torch.distributed.get_backend(group) == "nccl"
         self.staging = None
 
-    def send(self, src: int = 0, async_op: bool = False):
+    def send(self, src: int = 0, async_op: bool = False, weights: dict | None = None):
+        """Send `weights` (default: the policy's masters, in the layout's order)."""
+        weights = self.policy.export_weights() if weights is None else weights
         # a new tensor (cat copies), so the next optimiser step may change the masters
-        flat = torch.cat([w.reshape(-1) for w in self.policy.export_weights().values()])  # [P] fp32
-        if not self.nccl and flat.is_cuda:
+        flat = torch.cat([w.float().reshape(-1) for w in weights.values()])  # [P] fp32
+        if self.nccl and not flat.is_cuda:
+            flat = flat.cuda()
+        elif not self.nccl and flat.is_cuda:
             if self.staging is None:
                 self.staging = torch.empty(flat.numel(), dtype=torch.float32, pin_memory=True)
             self.staging.copy_(flat)
             flat = self.staging
+        self.sending = flat  # alive until the next send, which waits on this one first
         return torch.distributed.broadcast(flat, src=src, group=self.group, async_op=async_op)
 
 

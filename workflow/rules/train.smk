@@ -3,7 +3,8 @@
 # (results/<run>/train/<mode>/checkpoints/, deliberately not a declared output, so
 # Snakemake never deletes it). train_split runs two processes, engine and trainer, but the
 # trainer mostly waits on the engine, so it asks for one core like the others: on 2 cores
-# the two trainings then run side by side.
+# the two trainings then run side by side. They are the longest jobs, so they start first
+# (priority) and the ablations fill the GPU slots after them.
 
 
 rule train_colocated:
@@ -18,6 +19,7 @@ rule train_colocated:
         manifest=P.train_manifest("colocated"),
     params:
         settings=stage_settings("train_colocated"),
+    priority: 10
     resources:
         gpu_jobs=1,
     conda:
@@ -42,6 +44,7 @@ rule train_split:
         manifest=P.train_manifest("split"),
     params:
         settings=stage_settings("train_split"),
+    priority: 10
     resources:
         gpu_jobs=1,
     conda:
