@@ -45,11 +45,12 @@ wait)
   for f in results/local/logs/*.log; do echo "== $f: $(grep -v '^\s*$' "$f" | tail -1 | cut -c1-240)"; done
   sort -n "$state/gpu_mem_mib.txt" | tail -1 | sed 's/^/peak GPU memory MiB so far: /'
   [ -f "$state/rc" ] && echo "pipeline rc $(cat "$state/rc"), wall $(cat "$state/wall_s") s" || echo "still running"
+  bash tools/gpu/local-pipeline.sh collect > /dev/null  # what is done so far, in case the device goes
   ;;
 collect)
-  python3 -m ratchet.report.record --run results/local --out "$OUT/h200-local" \
-    --wall-s "$(cat "$state/wall_s")" --command "$command" --config config/local.yaml \
-    --gpu-samples "$state/gpu_mem_mib.txt"
+  wall=(); [ -f "$state/wall_s" ] && wall=(--wall-s "$(cat "$state/wall_s")")
+  python3 -m ratchet.report.record --run results/local --out "$OUT/h200-local" "${wall[@]}" \
+    --command "$command" --config config/local.yaml --gpu-samples "$state/gpu_mem_mib.txt"
   cp "$state/snakemake.log" "$OUT/h200-local/"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/h200-local/nvidia-smi.txt"
   ;;
