@@ -73,3 +73,20 @@ def test_empty_and_shapes():
     m2 = {"w": m["w"].copy()}
     m2["w"][1, 2] += np.float32(BF16_ULP_AT_1)
     assert changed_share(m, m2, "bf16") == pytest.approx(1 / 12)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_counting_rounds_exactly_as_the_engine_sync(dtype):
+    """The counts use torch's casts; they must round as the engine's conversion does (the
+    NumPy reference `round_to`), ties to even and subnormals included."""
+    import torch
+
+    from ratchet.mismatch.visibility import _rounded
+    from ratchet.model.dtypes import round_to
+
+    rng = np.random.default_rng(1)
+    x = np.concatenate([rng.normal(0, 0.02, 100_000), rng.normal(0, 1e-6, 10_000),
+                        np.float16(rng.normal(0, 1, 1000)).astype(np.float32) * (1 + 2.0 ** -11),
+                        [0.0, -0.0, 65504.0, 1e-8, -3e-5]]).astype(np.float32)
+    ours = _rounded(torch.from_numpy(x), dtype).numpy()
+    assert np.array_equal(ours.view(np.uint32), round_to(x, dtype).view(np.uint32))

@@ -14,37 +14,50 @@ from __future__ import annotations
 
 from typing import Mapping
 
-import numpy as np
 import pandas as pd
+import torch
 
 from ratchet.mismatch.fix import AblateSettings, Setup, Trajectory
-from ratchet.model.dtypes import round_to
+
+TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-def _count(weights: Mapping[str, np.ndarray], test) -> tuple[int, int]:
+def _tensor(w) -> torch.Tensor:
+    """fp32 torch tensor of `w` (NumPy arrays become CPU tensors; torch ones stay where they are)."""
+    return w.float() if isinstance(w, torch.Tensor) else torch.as_tensor(w, dtype=torch.float32)
+
+
+def _rounded(w: torch.Tensor, dtype: str) -> torch.Tensor:
+    """The values `w` takes once stored in `dtype` (torch's casts round to nearest even, as the
+    engine's sync does)."""
+    return w.to(TORCH_DTYPES[dtype]).float()
+
+
+def _count(weights: Mapping, test) -> tuple[int, int]:
+    """Counted where the weights live (on the GPU for a GPU trainer: 0.5B parameters a few
+    times per update would take tens of seconds in NumPy)."""
     hits = total = 0
     for name, w in weights.items():
-        hits += int(np.count_nonzero(test(name, np.asarray(w, dtype=np.float32))))
-        total += int(np.size(w))
+        hits += int(torch.count_nonzero(test(name, _tensor(w))))
+        total += int(w.numel() if isinstance(w, torch.Tensor) else w.size)
     return hits, total
 
 
-def changed_share(before: Mapping[str, np.ndarray], after: Mapping[str, np.ndarray],
-                  dtype: str) -> float:
+def changed_share(before: Mapping, after: Mapping, dtype: str) -> float:
     """Share of weights whose value in `dtype` differs between the two sets of fp32 masters."""
-    hits, total = _count(after, lambda name, w: round_to(w, dtype) != round_to(before[name], dtype))
+    hits, total = _count(after, lambda name, w: _rounded(w, dtype) != _rounded(_tensor(before[name]), dtype))
     return hits / total if total else 0.0
 
 
-def moved_share(before: Mapping[str, np.ndarray], after: Mapping[str, np.ndarray]) -> float:
+def moved_share(before: Mapping, after: Mapping) -> float:
     """Share of fp32 masters that changed at all."""
-    hits, total = _count(after, lambda name, w: w != np.asarray(before[name], dtype=np.float32))
+    hits, total = _count(after, lambda name, w: w != _tensor(before[name]))
     return hits / total if total else 0.0
 
 
-def off_grid_share(weights: Mapping[str, np.ndarray], dtype: str) -> float:
+def off_grid_share(weights: Mapping, dtype: str) -> float:
     """Share of fp32 values that `dtype` cannot hold exactly (rounding changes them)."""
-    hits, total = _count(weights, lambda name, w: round_to(w, dtype) != w)
+    hits, total = _count(weights, lambda name, w: _rounded(w, dtype) != w)
     return hits / total if total else 0.0
 
 
@@ -54,14 +67,14 @@ def visibility(setup: Setup, settings: AblateSettings, log=None) -> pd.DataFrame
     masters off the `dtype` grid after it. `log(update, rows)` after each update."""
     traj = Trajectory(setup, settings.grpo("none"))
     dtypes = settings.engine_dtypes
-    before = traj.masters()
+    before = _masters(traj)
     rows = [{"update": 0, "steps": 0, "dtype": d, "moved_share": 0.0, "changed_share": 0.0,
              "off_grid_share": off_grid_share(before, d)} for d in dtypes]
     if log is not None:
         log(0, rows)
     for update in range(1, settings.visibility_updates + 1):
         traj.advance_to(update, settings.max_steps_per_update)
-        after = traj.masters()
+        after = _masters(traj)
         moved = moved_share(before, after)
         found = [{"update": update, "steps": traj.step, "dtype": d, "moved_share": moved,
                   "changed_share": changed_share(before, after, d),
@@ -71,3 +84,8 @@ def visibility(setup: Setup, settings: AblateSettings, log=None) -> pd.DataFrame
             log(update, found)
         before = after
     return pd.DataFrame(rows)
+
+
+def _masters(traj: Trajectory) -> dict[str, torch.Tensor]:
+    """A copy of the fp32 masters, kept on the trainer's device."""
+    return {k: v.detach().clone() for k, v in traj.policy.export_weights().items()}

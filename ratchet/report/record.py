@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import shutil
 import subprocess
@@ -80,7 +81,10 @@ def summarize(run: Path, wall_s: float | None = None, peak_gpu_mib: float | None
     baseline = _json(run / "eval" / "baseline.json")
     verify = _json(run / "verify" / "repro.json")
     build = _json(run / "engine" / "build.json") or {}
-    out = {"wall_s": wall_s, "commit": _git("rev-parse", "HEAD"), "dirty": bool(_git("status", "--porcelain")),
+    # a copied checkout (the GPU machine's) may carry a stale .git: the caller then names the commit
+    commit = os.environ.get("RATCHET_COMMIT")
+    out = {"wall_s": wall_s, "commit": commit or _git("rev-parse", "HEAD"),
+           "dirty": None if commit else bool(_git("status", "--porcelain")),
            "device": build.get("device"), "host": platform.node(),
            "baseline_accuracy": baseline and baseline["accuracy"],
            "baseline_accuracy_stderr": baseline and baseline["accuracy_stderr"],

@@ -6,7 +6,8 @@
 # the call) and polled:
 #   bash tools/gpu/local-pipeline.sh start     # model + data in place, launch, return
 #   bash tools/gpu/local-pipeline.sh wait      # poll up to WAIT_S s (default 540), show progress
-#   bash tools/gpu/local-pipeline.sh collect   # the record -> $OUT/h200-local
+#   bash tools/gpu/local-pipeline.sh collect   # the record -> $OUT/h200-local.tgz
+# (one archive: a call brings back a limited number of files)
 set -uo pipefail
 source tools/gpu/env.sh
 state=/root/pipeline
@@ -48,10 +49,13 @@ wait)
   bash tools/gpu/local-pipeline.sh collect > /dev/null  # what is done so far, in case the device goes
   ;;
 collect)
+  # the machine's copy of .git can be stale: carry .cache/commit (git rev-parse HEAD > .cache/commit)
+  [ -f .cache/commit ] && export RATCHET_COMMIT=$(cat .cache/commit)
   wall=(); [ -f "$state/wall_s" ] && wall=(--wall-s "$(cat "$state/wall_s")")
   python3 -m ratchet.report.record --run results/local --out "$OUT/h200-local" "${wall[@]}" \
     --command "$command" --config config/local.yaml --gpu-samples "$state/gpu_mem_mib.txt"
   cp "$state/snakemake.log" "$OUT/h200-local/"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/h200-local/nvidia-smi.txt"
+  tar czf "$OUT/h200-local.tgz" -C "$OUT" h200-local && rm -rf "$OUT/h200-local"
   ;;
 esac
