@@ -7,6 +7,7 @@ rule eval_baseline:
         answers=P.eval_answers("baseline"),
     params:
         settings=stage_settings("eval_baseline"),
+    priority: 5
     resources:
         gpu_jobs=1,
     conda:

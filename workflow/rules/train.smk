@@ -4,7 +4,7 @@
 # Snakemake never deletes it). train_split runs two processes, engine and trainer, but the
 # trainer mostly waits on the engine, so it asks for one core like the others: on 2 cores
 # the two trainings then run side by side. They are the longest jobs, so they start first
-# (priority) and the ablations fill the GPU slots after them.
+# (priority); their evals and the rerun check come next, then the ablations.
 
 
 rule train_colocated:
@@ -66,6 +66,7 @@ rule eval_after_colocated:
         answers=P.eval_answers("after_colocated"),
     params:
         settings=stage_settings("eval_after_colocated"),
+    priority: 5
     resources:
         gpu_jobs=1,
     conda:
@@ -85,6 +86,7 @@ rule eval_after_split:
         answers=P.eval_answers("after_split"),
     params:
         settings=stage_settings("eval_after_split"),
+    priority: 5
     resources:
         gpu_jobs=1,
     conda:
@@ -103,6 +105,7 @@ rule verify:
         repro=P.verify_json,
     params:
         settings=stage_settings("verify"),
+    priority: 5
     resources:
         gpu_jobs=1,
     conda:
