@@ -296,3 +296,13 @@ def test_tiny_default_learns_in_both_modes(tmp_path):
         print(f"{mode}: greedy accuracy {baseline:.3f} -> {after:.3f} in {summary['steps']} steps, "
               f"{summary['train_s']:.0f} s of training")
         assert after >= 0.6 and after > baseline + 0.3, (mode, baseline, after, logs[mode][-2000:])
+
+
+def test_micro_batches_group_answers_of_like_length():
+    from ratchet.rl.grpo import _micro_batches
+
+    prompts = [[1] * 3] * 6
+    responses = [[2] * n for n in (9, 1, 5, 2, 8, 1)]
+    batches = _micro_batches(range(6), prompts, responses, 2)
+    assert batches == [[1, 5], [3, 2], [4, 0]]  # by length, ties in arrival order
+    assert sorted(sum(batches, [])) == list(range(6))

@@ -255,8 +255,14 @@ def _pad(rows: list[list[float]], width: int, dtype=torch.float32, device="cpu")
     return out.to(device)
 
 
-def _chunks(n: int, size: int) -> list[range]:
-    return [range(i, min(i + size, n)) for i in range(0, n, size)]
+def _micro_batches(rows, prompts, responses, size: int) -> list[list[int]]:
+    """`rows` cut into micro-batches of `size`, shortest answers (prompt + response) first:
+    a micro-batch is padded to its longest answer, so like goes with like. For the study's
+    answers (up to 384 tokens, ~250 on average) that is ~1.06 padded tokens per real one
+    instead of ~1.4 in arrival order. The loss is a sum over tokens, so the order changes
+    only the order of the gradient's additions."""
+    rows = sorted(rows, key=lambda i: len(prompts[i]) + len(responses[i]))  # stable: ties keep order
+    return [rows[i:i + size] for i in range(0, len(rows), size)]
 
 
 def make_optimizer(policy: torch.nn.Module, cfg: GRPOConfig) -> torch.optim.Optimizer:
@@ -285,13 +291,13 @@ def score(policy, batch: Batch, cfg: GRPOConfig, version: int) -> Scored:
     trainer, entropy = torch.zeros(n, width, device=device), torch.zeros(n, width, device=device)
     mask = torch.zeros(n, width, dtype=torch.bool, device=device)
     with torch.no_grad():
-        for rows in _chunks(n, cfg.micro_batch_size):
+        for rows in _micro_batches(range(n), prompts, responses, cfg.micro_batch_size):
             lp, m, ent = policy.token_logprobs([prompts[i] for i in rows], [responses[i] for i in rows],
                                                temperature=cfg.temperature, weight_dtype=cfg.weight_dtype,
                                                compute_dtype=cfg.compute_dtype, with_entropy=True)
-            trainer[rows.start:rows.stop, :lp.shape[1]] = lp
-            entropy[rows.start:rows.stop, :lp.shape[1]] = ent
-            mask[rows.start:rows.stop, :lp.shape[1]] = m
+            trainer[rows, :lp.shape[1]] = lp
+            entropy[rows, :lp.shape[1]] = ent
+            mask[rows, :lp.shape[1]] = m
     return Scored(prompts, responses, mask,
                   engine=_pad(batch.kept("engine_logprobs"), width, device=device),
                   trainer=trainer, entropy=entropy,
@@ -326,8 +332,7 @@ def update(policy, optimizer, sc: Scored, old: torch.Tensor, weights: torch.Tens
         if num_tokens == 0:
             continue  # every worker sees the same global count, so all skip together
         optimizer.zero_grad(set_to_none=False)
-        for part in _chunks(len(minibatch), cfg.micro_batch_size):
-            rows = minibatch[part.start:part.stop].tolist()
+        for rows in _micro_batches(minibatch.tolist(), sc.prompts, sc.responses, cfg.micro_batch_size):
             lp, m, _ = policy.token_logprobs([sc.prompts[i] for i in rows], [sc.responses[i] for i in rows],
                                              temperature=cfg.temperature, weight_dtype=cfg.weight_dtype,
                                              compute_dtype=cfg.compute_dtype)  # [b, t]
@@ -368,9 +373,9 @@ def score_and_update(policy, optimizer, batch: Batch, cfg: GRPOConfig, version: 
     if num_tokens == 0:
         return sc, weights, totals  # every worker sees the same global count, so all skip together
     optimizer.zero_grad(set_to_none=False)
-    for part in _chunks(n, cfg.micro_batch_size):
-        rows = slice(part.start, part.stop)
-        lp, m, ent = policy.token_logprobs(prompts[rows], responses[rows], temperature=cfg.temperature,
+    for rows in _micro_batches(range(n), prompts, responses, cfg.micro_batch_size):
+        lp, m, ent = policy.token_logprobs([prompts[i] for i in rows], [responses[i] for i in rows],
+                                           temperature=cfg.temperature,
                                            weight_dtype=cfg.weight_dtype, compute_dtype=cfg.compute_dtype,
                                            with_entropy=True)  # [b, t]
         t = lp.shape[1]

@@ -158,6 +158,7 @@ def trainer_process(job: Job, port: int, log=None) -> dict:
         row.update(metrics)
         row.update(message["stats"])
         row["time/generate_s"] = message["generate_s"]
+        row["time/engine_receive_s"] = message["receive_s"]  # engine side of the weight sync, waits included
         row["rollout/weights_lag"] = float(step - message["version"])
         row["time/step_s"] = time.perf_counter() - step_start
         trace.append(trace_row(step, digests, metrics["train/loss"], policy, cfg))
@@ -227,14 +228,18 @@ def engine_process(job: Job, rank: int = ENGINE, world: int = 2, port: int = 0) 
 
     last_needed = cfg.steps - 1 - cfg.ahead
 
-    def receive_until(wanted: int) -> None:
+    def receive_until(wanted: int) -> float:
+        """Take the broadcasts up to version `wanted`; returns the seconds it took (waiting
+        for the trainer's send included: the time the engine stood still for weights)."""
         nonlocal version
+        t0 = time.perf_counter()
         while version < wanted:
             receiver.receive_into(engine, TRAINER)
             version += 1
+        return time.perf_counter() - t0
 
     for step in range(start["first_batch"], cfg.steps):
-        receive_until(step - cfg.ahead)  # the weights this batch must be sampled with
+        received_s = receive_until(step - cfg.ahead)  # the weights this batch must be sampled with
         sampled_with, t0 = version, time.perf_counter()
         groups, stats = rollouts.collect(engine, step, version)
         message = {"step": step, "version": sampled_with, "generate_s": time.perf_counter() - t0,
@@ -242,7 +247,7 @@ def engine_process(job: Job, rank: int = ENGINE, world: int = 2, port: int = 0) 
                    "rollouts": rollouts.state_dict()}
         # the trainer broadcasts these before it takes this batch: receive them first (a
         # blocking send here would wait on a trainer waiting on its broadcast)
-        receive_until(min(step, last_needed))
+        message["receive_s"] = received_s + receive_until(min(step, last_needed))
         send_json(message, TRAINER)
     torch.distributed.destroy_process_group()
 
