@@ -8,6 +8,11 @@
 #   bash tools/gpu/local-pipeline.sh wait      # poll up to WAIT_S s (default 540), show progress
 #   bash tools/gpu/local-pipeline.sh collect   # the record -> $OUT/h200-local.tgz
 # (one archive: a call brings back a limited number of files)
+# Before: the wheels and data (carry .whl and .cache/gsm8k, `source tools/gpu/env.sh`,
+# copy .cache/gsm8k to /root/data/) and the model chunks (/root/m), in calls back to back:
+# the machine is given back 30 s after a call, with everything on it. `git rev-parse HEAD >
+# .cache/commit` and carry it with `start`, since the machine's copy of .git can be stale.
+# The whole profile needs about 20 minutes of device time as of this writing.
 set -uo pipefail
 source tools/gpu/env.sh
 state=/root/pipeline
