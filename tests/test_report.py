@@ -127,7 +127,7 @@ def test_report_stage_with_ablations_and_one_training_mode(tmp_path):
     run = FakeRun()
     report(cfg, run)
     text = paths.report_summary.read_text()
-    assert "| baseline | 25.00% ± 4.00 | 100 |" in text
+    assert "| baseline | 25.00% ± 4.00 |  | 100 |" in text
     assert "| after colocated | not run | not run |" in text and "| split | not run | not run |" in text
     assert "| colocated | 4 | 2 | 1.5 | 0.4 | 0.1 |" in text  # seconds per step
     assert "(../ablate/decompose.png)" in text and "(../ablate/fix.png)" in text
@@ -158,3 +158,14 @@ def test_markdown_escapes_pipes_and_formats_numbers():
     text = tables.markdown(df)
     assert text.splitlines()[0] == "| mean \\|dlogp\\| | n | what |"
     assert "| 1.50e-05 | 3 | a\\|b |" in text and "| 0.25 | 1,200 | not run |" in text
+
+
+def test_accuracy_table_states_the_paired_gain():
+    before = pd.DataFrame({"id": range(4), "reward": [0.0, 0.0, 1.0, 0.0]})
+    after = pd.DataFrame({"id": range(4), "reward": [1.0, 0.0, 1.0, 1.0]})
+    gain = tables.paired_gain(before, after)
+    evals = {"baseline": {"accuracy": 0.25, "n": 4}, "after colocated": {"accuracy": 0.75, "n": 4}}
+    table = tables.accuracy_table(evals, {"after colocated": gain})
+    row = table.set_index("eval").loc["after colocated", "gain (paired)"]
+    assert row.startswith("+50.00 ± 28.87 points (+2 / -0)")
+    assert table.set_index("eval").loc["baseline", "gain (paired)"] == ""

@@ -21,27 +21,17 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
+
+from ratchet.report.tables import paired_gain
 
 MODES = ("colocated", "split")
 STEP_TIMES = ("time/generate_s", "time/train_s", "time/sync_s", "time/wait_s", "time/step_s")
 # what is copied: (pattern under the run folder, folder in the record)
-COPIED = [("report/*", "report"), ("eval/*.json", "eval"), ("engine/build.json", "engine"),
+COPIED = [("report/*", "report"), ("eval/*.json", "eval"), ("eval/*_answers.parquet", "eval"), ("engine/build.json", "engine"),
           ("bench/*.json", "bench"), ("benchmarks/*.tsv", "benchmarks"), ("verify/*.json", "verify"),
           ("ablate/*", "ablate"), ("logs/*.log", "logs"), ("train/*/metrics.parquet", "train"),
           ("train/*/summary.json", "train")]
-
-
-def paired_gain(before: pd.DataFrame, after: pd.DataFrame) -> dict:
-    """Accuracy after minus before on the same problems, with the standard error of the
-    mean per-problem difference (paired: the problems' own difficulty cancels)."""
-    joined = before[["id", "reward"]].merge(after[["id", "reward"]], on="id", suffixes=("_before", "_after"))
-    d = (joined["reward_after"] >= 1).astype(float) - (joined["reward_before"] >= 1).astype(float)
-    n = len(d)
-    return {"gain": float(d.mean()) if n else None,
-            "gain_stderr": float(d.std(ddof=1) / np.sqrt(n)) if n > 1 else None,
-            "gain_n": n, "improved": int((d > 0).sum()), "worsened": int((d < 0).sum())}
 
 
 def _json(path: Path):

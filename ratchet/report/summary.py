@@ -29,6 +29,7 @@ class ReportInputs:
     engine: str = ""  # e.g. "numpy, fp16"
     baseline: dict | None = None
     after: dict[str, dict | None] = field(default_factory=dict)  # mode -> after-training eval
+    gains: dict[str, dict] = field(default_factory=dict)  # mode -> paired gain over the baseline
     train: dict[str, pd.DataFrame | None] = field(default_factory=dict)  # mode -> metrics
     verify: dict | None = None  # the rerun check (verify/repro.json)
     decompose: pd.DataFrame | None = None
@@ -67,7 +68,12 @@ def build_summary(inputs: ReportInputs) -> str:
     # ---------------------------------------------------------------- accuracy
     modes = list(inputs.after) or list(T.TRAIN_MODES)
     evals = {"baseline": inputs.baseline, **{f"after {m}": inputs.after.get(m) for m in modes}}
-    out += ["## Accuracy (greedy, test split)", "", T.markdown(T.accuracy_table(evals)), ""]
+    gains = {f"after {m}": g for m, g in inputs.gains.items()}
+    out += ["## Accuracy (greedy, test split)", "", T.markdown(T.accuracy_table(evals, gains)), ""]
+    if gains:
+        out += ["Accuracy ± its binomial standard error; the gain is paired over the same "
+                "problems (± the standard error of the per-problem difference; problems gained / "
+                "lost).", ""]
 
     # ---------------------------------------------------------------- training
     train = {m: inputs.train.get(m) for m in (list(inputs.train) or list(T.TRAIN_MODES))}

@@ -49,19 +49,35 @@ def percent(x) -> str:
 
 
 # ---------------------------------------------------------------------------- accuracy
-def accuracy_table(evals: dict[str, dict | None]) -> pd.DataFrame:
-    """One row per eval (baseline, after_colocated, after_split): greedy accuracy and co."""
-    columns = ("accuracy", "n", "format rate", "mean tokens", "tokens/s")
+def accuracy_table(evals: dict[str, dict | None], gains: dict[str, dict] | None = None) -> pd.DataFrame:
+    """One row per eval (baseline, after_colocated, after_split): greedy accuracy and co;
+    `gains` (eval name -> `paired_gain`) adds the gain over the baseline on the same problems."""
+    gains = gains or {}
+    columns = ("accuracy", "gain (paired)", "n", "format rate", "mean tokens", "tokens/s")
     rows = []
     for name, ev in evals.items():
         if ev is None:
             rows.append({"eval": name, **{c: NOT_RUN for c in columns}})
             continue
+        g = gains.get(name)
         rows.append({"eval": name,
                      "accuracy": f"{100 * ev['accuracy']:.2f}% ± {100 * ev.get('accuracy_stderr', 0):.2f}",
+                     "gain (paired)": (f"{100 * g['gain']:+.2f} ± {100 * g['gain_stderr']:.2f} points "
+                                       f"(+{g['improved']} / -{g['worsened']})") if g and g["gain_n"] > 1 else "",
                      "n": int(ev["n"]), "format rate": ev.get("format_rate"),
                      "mean tokens": ev.get("mean_tokens"), "tokens/s": ev.get("tokens_per_s")})
     return pd.DataFrame(rows)
+
+
+def paired_gain(before: pd.DataFrame, after: pd.DataFrame) -> dict:
+    """Accuracy after minus before on the same problems, with the standard error of the
+    mean per-problem difference (paired: the problems' own difficulty cancels)."""
+    joined = before[["id", "reward"]].merge(after[["id", "reward"]], on="id", suffixes=("_before", "_after"))
+    d = (joined["reward_after"] >= 1).astype(float) - (joined["reward_before"] >= 1).astype(float)
+    n = len(d)
+    return {"gain": float(d.mean()) if n else None,
+            "gain_stderr": float(d.std(ddof=1) / np.sqrt(n)) if n > 1 else None,
+            "gain_n": n, "improved": int((d > 0).sum()), "worsened": int((d < 0).sum())}
 
 
 # ---------------------------------------------------------------------------- training

@@ -76,12 +76,27 @@ def gather(cfg: dict):
         run_name=cfg["run_name"], engine=engine,
         baseline=_json(paths.eval_json("baseline")),
         after={m: _json(after_eval_path(paths, m)) for m in TRAIN_MODES},
+        gains=_gains(paths),
         train={m: _parquet(train_metrics_path(paths, m)) for m in TRAIN_MODES},
         verify=_json(verify_path(paths)),
         decompose=_parquet(paths.decompose_table), visibility=_parquet(paths.visibility_table),
         fix_steps=_parquet(paths.fix_steps), fix_runs=_parquet(paths.fix_table),
         ablate_summary=_json(paths.ablate_summary), ablate_settings=dict(cfg["ablate"]),
         figures=figures)
+
+
+def _gains(paths: RunPaths) -> dict[str, dict]:
+    """Mode -> the paired gain of its after-training eval over the baseline (where both the
+    evals' per-problem answers exist)."""
+    from ratchet.report.tables import paired_gain
+
+    before = _parquet(paths.eval_answers("baseline"))
+    out = {}
+    for mode in TRAIN_MODES:
+        after = _parquet(paths.eval_answers(f"after_{mode}"))
+        if before is not None and after is not None:
+            out[mode] = paired_gain(before, after)
+    return out
 
 
 def report(cfg: dict, run) -> None:
