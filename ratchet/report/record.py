@@ -28,10 +28,10 @@ from ratchet.report.tables import paired_gain
 MODES = ("colocated", "split")
 STEP_TIMES = ("time/generate_s", "time/train_s", "time/sync_s", "time/wait_s", "time/step_s")
 # what is copied: (pattern under the run folder, folder in the record)
-COPIED = [("report/*", "report"), ("eval/*.json", "eval"), ("eval/*_answers.parquet", "eval"), ("engine/build.json", "engine"),
-          ("bench/*.json", "bench"), ("benchmarks/*.tsv", "benchmarks"), ("verify/*.json", "verify"),
-          ("ablate/*", "ablate"), ("logs/*.log", "logs"), ("train/*/metrics.parquet", "train"),
-          ("train/*/summary.json", "train")]
+COPIED = [("report/*", "report"), ("eval/*.json", "eval"), ("eval/*_answers.parquet", "eval"),
+          ("engine/build.json", "engine"), ("bench/*.json", "bench"), ("benchmarks/*.tsv", "benchmarks"),
+          ("verify/*.json", "verify"), ("ablate/*", "ablate"), ("logs/*.log", "logs"),
+          ("train/*/metrics.parquet", "train"), ("train/*/summary.json", "train")]
 
 
 def _json(path: Path):
