@@ -26,7 +26,8 @@ import pandas as pd
 from ratchet.report.tables import paired_gain
 
 MODES = ("colocated", "split")
-STEP_TIMES = ("time/generate_s", "time/train_s", "time/sync_s", "time/wait_s", "time/step_s")
+STEP_TIMES = ("time/generate_s", "time/train_s", "time/sync_s", "time/wait_s", "time/engine_receive_s",
+              "time/step_s")
 # what is copied: (pattern under the run folder, folder in the record)
 COPIED = [("report/*", "report"), ("eval/*.json", "eval"), ("eval/*_answers.parquet", "eval"),
           ("engine/build.json", "engine"), ("bench/*.json", "bench"), ("benchmarks/*.tsv", "benchmarks"),
