@@ -8,23 +8,15 @@ Without CUDA and CuPy every test here is skipped (tests/conftest.py).
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 
 from ratchet.model.config import ModelConfig
 from ratchet.model.dtypes import round_to
 from ratchet.model.layout import expected_shapes
+from random_model import FakeModel, random_weights
 
 pytestmark = pytest.mark.gpu
-
-
-@dataclasses.dataclass
-class FakeModel:  # the EngineModel duck type
-    cfg: ModelConfig
-    weights: dict
-    dtype: str
 
 
 def small_config(kind: str) -> ModelConfig:
@@ -36,22 +28,6 @@ def small_config(kind: str) -> ModelConfig:
     return ModelConfig(arch="qwen2", vocab_size=500, hidden_size=256, intermediate_size=512, num_layers=2,
                        num_heads=14, num_kv_heads=2, head_dim=64, qkv_bias=False, tie_word_embeddings=False,
                        rope_theta=1e6, eos_token_ids=[])
-
-
-def random_weights(cfg: ModelConfig, seed: int, dtype: str) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    weights = {}
-    for name, shape in expected_shapes(cfg).items():
-        if name.endswith("norm.weight"):
-            w = 1.0 + 0.1 * rng.standard_normal(shape)
-        elif name.endswith(".bias"):
-            w = 0.1 * rng.standard_normal(shape)
-        elif name == "embed.weight":
-            w = rng.standard_normal(shape)
-        else:
-            w = rng.standard_normal(shape) * (1.5 if name == "lm_head.weight" else 1.0) / np.sqrt(shape[1])
-        weights[name] = round_to(w.astype(np.float32), dtype)
-    return weights
 
 
 def host(x) -> np.ndarray:

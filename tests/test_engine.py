@@ -21,14 +21,8 @@ from ratchet.engine.request import Request
 from ratchet.engine.sampler import sample
 from ratchet.model.config import ModelConfig
 from ratchet.model.dtypes import round_to
-from ratchet.model.layout import expected_shapes, rope_inv_freq
-
-
-@dataclasses.dataclass
-class FakeModel:  # the EngineModel duck type
-    cfg: ModelConfig
-    weights: dict
-    dtype: str = "fp32"
+from ratchet.model.layout import rope_inv_freq
+from random_model import FakeModel, random_weights
 
 
 def tiny_config(tied: bool = False, **overrides) -> ModelConfig:
@@ -37,23 +31,6 @@ def tiny_config(tied: bool = False, **overrides) -> ModelConfig:
                   rms_norm_eps=1e-6, eos_token_ids=[])
     fields.update(overrides)
     return ModelConfig(**fields)
-
-
-def random_weights(cfg: ModelConfig, seed: int, dtype: str = "fp32") -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    weights = {}
-    for name, shape in expected_shapes(cfg).items():
-        if name.endswith("norm.weight"):
-            w = 1.0 + 0.1 * rng.standard_normal(shape)
-        elif name.endswith(".bias"):
-            w = 0.1 * rng.standard_normal(shape)
-        elif name == "embed.weight":
-            w = rng.standard_normal(shape)
-        else:  # keeps activations O(1) and logits spread over a few nats
-            gain = 1.5 if name == "lm_head.weight" else 1.0
-            w = rng.standard_normal(shape) * gain / np.sqrt(shape[1])
-        weights[name] = round_to(w.astype(np.float32), dtype)
-    return weights
 
 
 def tiny_model(tied: bool = False, seed: int = 0, dtype: str = "fp32") -> FakeModel:
