@@ -49,6 +49,16 @@ def token_logprobs(z: np.ndarray, tokens: np.ndarray) -> np.ndarray:
     return (shifted - np.log(sum_exp)).astype(np.float32)
 
 
+def sampling_rows(temperatures, greedy, n: int, caller: str = "sample") -> tuple[np.ndarray, np.ndarray]:
+    """(temperatures float32 [n], greedy bool [n]), checked: a row that samples needs T > 0.
+    Shared by every sampler (NumPy, CUDA) so they take and refuse the same arguments."""
+    temperatures = np.asarray(temperatures, dtype=np.float32).reshape(n)
+    greedy = np.asarray(greedy, dtype=bool).reshape(n)
+    if np.any(temperatures[~greedy] <= 0):
+        raise ValueError(f"{caller}: temperature must be > 0 for non-greedy rows")
+    return temperatures, greedy
+
+
 def sample(logits: np.ndarray, seeds, request_ids, token_indices, temperatures,
            greedy) -> tuple[np.ndarray, np.ndarray]:
     """One token per row of `logits` [B, V] -> (tokens int64 [B], logprobs float32 [B]).
@@ -58,10 +68,7 @@ def sample(logits: np.ndarray, seeds, request_ids, token_indices, temperatures,
     """
     logits = np.asarray(logits, dtype=np.float32)
     batch, vocab = logits.shape
-    temperatures = np.asarray(temperatures, dtype=np.float32).reshape(batch)
-    greedy = np.asarray(greedy, dtype=bool).reshape(batch)
-    if np.any(temperatures[~greedy] <= 0):
-        raise ValueError("sample: temperature must be > 0 for non-greedy rows")
+    temperatures, greedy = sampling_rows(temperatures, greedy, batch)
     z = scaled_logits(logits, temperatures, greedy)  # [B, V]
 
     tokens = np.argmax(logits, axis=-1)

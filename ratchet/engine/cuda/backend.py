@@ -35,6 +35,7 @@ import numpy as np
 from ratchet.engine.cuda import sampler as gpu_sampler
 from ratchet.engine.cuda import sync
 from ratchet.engine.cuda.ops import STORAGE, Ops, decode_split
+from ratchet.engine.sampler import sampling_rows
 from ratchet.model.config import ModelConfig
 from ratchet.model.dtypes import fp32_to_bf16_bits, round_to
 from ratchet.model.layout import DTYPES, check_update, check_weights, expected_shapes, rope_tables
@@ -295,10 +296,7 @@ class CudaBackend:
             if logits.ndim != 2 or logits.shape[1] != self.cfg.vocab_size:
                 raise ValueError(f"sample: logits of shape {logits.shape}, expected [B, {self.cfg.vocab_size}]")
             n = logits.shape[0]
-            temps = np.asarray(temperatures, dtype=np.float32).reshape(n)
-            is_greedy = np.asarray(greedy, dtype=bool).reshape(n)
-            if np.any(temps[~is_greedy] <= 0):
-                raise ValueError("sample: temperature must be > 0 for non-greedy rows")
+            temps, is_greedy = sampling_rows(temperatures, greedy, n)
             if not n:
                 return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
             logits = cp.ascontiguousarray(logits)
@@ -314,10 +312,7 @@ class CudaBackend:
         the NumPy sampler's tokens for these logits bit for bit."""
         slots, tokens, positions = self._check_decode(slots, tokens, positions)
         n = len(slots)
-        temps = np.asarray(temperatures, dtype=np.float32).reshape(n)
-        is_greedy = np.asarray(greedy, dtype=bool).reshape(n)
-        if np.any(temps[~is_greedy] <= 0):
-            raise ValueError("decode_sample: temperature must be > 0 for non-greedy rows")
+        temps, is_greedy = sampling_rows(temperatures, greedy, n, "decode_sample")
         if not n:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
         params = gpu_sampler.pack_params(seeds, request_ids, token_indices, temps, is_greedy)

@@ -18,7 +18,7 @@ import numpy as np
 
 from ratchet.engine.cuda import loader
 from ratchet.engine.rng import UNIFORM_BITS, as_uint32, bits_to_uniform
-from ratchet.engine.sampler import gumbel_noise
+from ratchet.engine.sampler import gumbel_noise, sampling_rows
 
 BLOCK = 256  # kernels/sampler.cu SAMPLE_BLOCK
 NCHUNKS = 8  # blocks per row; at most 32 (one warp merges them)
@@ -114,10 +114,7 @@ def sample(logits: cp.ndarray, seeds, request_ids, token_indices, temperatures,
            greedy) -> tuple[cp.ndarray, cp.ndarray]:
     """(tokens int32 [B], logprobs float32 [B]) on the GPU for `logits` [B, V] on the GPU."""
     rows = logits.shape[0]
-    temps = np.asarray(temperatures, dtype=np.float32).reshape(rows)
-    is_greedy = np.asarray(greedy, dtype=bool).reshape(rows)
-    if np.any(temps[~is_greedy] <= 0):
-        raise ValueError("sample: temperature must be > 0 for non-greedy rows")
+    temps, is_greedy = sampling_rows(temperatures, greedy, rows)
     params = cp.asarray(pack_params(seeds, request_ids, token_indices, temps, is_greedy))
     tokens = cp.empty(rows, dtype=np.int32)
     logprobs = cp.empty(rows, dtype=np.float32)
