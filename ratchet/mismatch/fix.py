@@ -160,9 +160,10 @@ class Trajectory:
                                    "ablate.max_steps_per_update or ablate.group_size)")
             self.train_step()
 
-    def masters(self) -> dict[str, np.ndarray]:
-        """A copy of the fp32 masters under the engine names."""
-        return {k: v.detach().cpu().numpy().copy() for k, v in self.policy.export_weights().items()}
+    def masters(self) -> dict:
+        """A copy of the fp32 masters under the engine names, as torch tensors kept on the
+        trainer's device (comparing 0.5B weights there is cheap, on the host it is not)."""
+        return {k: v.detach().clone() for k, v in self.policy.export_weights().items()}
 
 
 def fresh_gap(policy, engine, prompts: list[list[int]], max_new_tokens: int, seed: int,

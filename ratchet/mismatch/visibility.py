@@ -67,14 +67,14 @@ def visibility(setup: Setup, settings: AblateSettings, log=None) -> pd.DataFrame
     masters off the `dtype` grid after it. `log(update, rows)` after each update."""
     traj = Trajectory(setup, settings.grpo("none"))
     dtypes = settings.engine_dtypes
-    before = _masters(traj)
+    before = traj.masters()
     rows = [{"update": 0, "steps": 0, "dtype": d, "moved_share": 0.0, "changed_share": 0.0,
              "off_grid_share": off_grid_share(before, d)} for d in dtypes]
     if log is not None:
         log(0, rows)
     for update in range(1, settings.visibility_updates + 1):
         traj.advance_to(update, settings.max_steps_per_update)
-        after = _masters(traj)
+        after = traj.masters()
         moved = moved_share(before, after)
         found = [{"update": update, "steps": traj.step, "dtype": d, "moved_share": moved,
                   "changed_share": changed_share(before, after, d),
@@ -85,7 +85,3 @@ def visibility(setup: Setup, settings: AblateSettings, log=None) -> pd.DataFrame
         before = after
     return pd.DataFrame(rows)
 
-
-def _masters(traj: Trajectory) -> dict[str, torch.Tensor]:
-    """A copy of the fp32 masters, kept on the trainer's device."""
-    return {k: v.detach().clone() for k, v in traj.policy.export_weights().items()}
