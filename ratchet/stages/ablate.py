@@ -77,6 +77,16 @@ def make_setup(cfg: dict, with_eval: bool = False):
     return setup, settings
 
 
+def _write_ablation(run, name: str, start: float, frame, table, figure, draw) -> None:
+    """An ablation's table and its figure (`draw(frame, path)`), its time in MLflow, and both
+    files as the run's outputs."""
+    write_parquet(table, frame)
+    draw(frame, figure)
+    run.log_metrics({f"time/{name}_s": time.perf_counter() - start})
+    run.log_output(table)
+    run.log_output(figure)
+
+
 # ---------------------------------------------------------------------------- decompose
 def ablate_decompose(cfg: dict, run) -> None:
     from ratchet.mismatch.decompose import decomposition
@@ -96,11 +106,8 @@ def ablate_decompose(cfg: dict, run) -> None:
                   f"max {r['abs_diff_max']:.2e}  outside {r['ratio_outside_share']:.4f}", flush=True)
 
     frame = decomposition(setup, settings, log=log)
-    write_parquet(paths.decompose_table, frame)
-    decomposition_figure(frame, paths.decompose_figure)
-    run.log_metrics({"time/decompose_s": time.perf_counter() - start})
-    run.log_output(paths.decompose_table)
-    run.log_output(paths.decompose_figure)
+    _write_ablation(run, "decompose", start, frame, paths.decompose_table, paths.decompose_figure,
+                    decomposition_figure)
 
 
 # ---------------------------------------------------------------------------- visibility
@@ -120,11 +127,8 @@ def ablate_visibility(cfg: dict, run) -> None:
             for r in rows), flush=True)
 
     frame = visibility(setup, settings, log=log)
-    write_parquet(paths.visibility_table, frame)
-    visibility_figure(frame, paths.visibility_figure)
-    run.log_metrics({"time/visibility_s": time.perf_counter() - start})
-    run.log_output(paths.visibility_table)
-    run.log_output(paths.visibility_figure)
+    _write_ablation(run, "visibility", start, frame, paths.visibility_table, paths.visibility_figure,
+                    visibility_figure)
 
 
 # ---------------------------------------------------------------------------- fix
