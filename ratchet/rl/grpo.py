@@ -283,26 +283,31 @@ class Scored:
     advantages: torch.Tensor  # [n]
 
 
-def score(policy, batch: Batch, cfg: GRPOConfig, version: int) -> Scored:
-    """The trainer's log-probs (and entropy) of the sampled tokens, no gradient."""
-    device = next(policy.parameters()).device
+def unscored(batch: Batch, version: int, device) -> Scored:
+    """The kept answers as tensors, with the trainer's log-probs and entropy still zero (the
+    scoring forward fills them in)."""
     prompts, responses = batch.kept("prompts"), batch.kept("responses")
     n, width = len(responses), max((len(r) for r in responses), default=0)
-    trainer, entropy = torch.zeros(n, width, device=device), torch.zeros(n, width, device=device)
-    mask = torch.zeros(n, width, dtype=torch.bool, device=device)
-    with torch.no_grad():
-        for rows in _micro_batches(range(n), prompts, responses, cfg.micro_batch_size):
-            lp, m, ent = policy.token_logprobs([prompts[i] for i in rows], [responses[i] for i in rows],
-                                               temperature=cfg.temperature, weight_dtype=cfg.weight_dtype,
-                                               compute_dtype=cfg.compute_dtype, with_entropy=True)
-            trainer[rows, :lp.shape[1]] = lp
-            entropy[rows, :lp.shape[1]] = ent
-            mask[rows, :lp.shape[1]] = m
-    return Scored(prompts, responses, mask,
+    lengths = torch.tensor([len(r) for r in responses], dtype=torch.int64)
+    return Scored(prompts, responses, (torch.arange(width)[None, :] < lengths[:, None]).to(device),
                   engine=_pad(batch.kept("engine_logprobs"), width, device=device),
-                  trainer=trainer, entropy=entropy,
+                  trainer=torch.zeros(n, width, device=device), entropy=torch.zeros(n, width, device=device),
                   stale=_pad(batch.kept("versions"), width, torch.int64, device) < version,
                   advantages=torch.tensor(batch.advantages[batch.keep], dtype=torch.float32, device=device))
+
+
+def score(policy, batch: Batch, cfg: GRPOConfig, version: int) -> Scored:
+    """The trainer's log-probs (and entropy) of the sampled tokens, no gradient."""
+    sc = unscored(batch, version, next(policy.parameters()).device)
+    prompts, responses = sc.prompts, sc.responses
+    with torch.no_grad():
+        for rows in _micro_batches(range(len(responses)), prompts, responses, cfg.micro_batch_size):
+            lp, _, ent = policy.token_logprobs([prompts[i] for i in rows], [responses[i] for i in rows],
+                                               temperature=cfg.temperature, weight_dtype=cfg.weight_dtype,
+                                               compute_dtype=cfg.compute_dtype, with_entropy=True)
+            sc.trainer[rows, :lp.shape[1]] = lp
+            sc.entropy[rows, :lp.shape[1]] = ent
+    return sc
 
 
 def old_logprobs_and_weights(sc: Scored, cfg: GRPOConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -357,16 +362,10 @@ def score_and_update(policy, optimizer, batch: Batch, cfg: GRPOConfig, version: 
     gives the trainer's log-probs before the update (detached, they are `score`'s). This
     drops the scoring forward, a third of the trainer's time; the loss and gradient are the
     same. Returns (the scored batch, the correction weights, the update's totals)."""
-    device = next(policy.parameters()).device
-    prompts, responses = batch.kept("prompts"), batch.kept("responses")
-    n, width = len(responses), max((len(r) for r in responses), default=0)
-    lengths = torch.tensor([len(r) for r in responses], dtype=torch.int64)
-    sc = Scored(prompts, responses, (torch.arange(width)[None, :] < lengths[:, None]).to(device),
-                engine=_pad(batch.kept("engine_logprobs"), width, device=device),
-                trainer=torch.zeros(n, width, device=device), entropy=torch.zeros(n, width, device=device),
-                stale=_pad(batch.kept("versions"), width, torch.int64, device) < version,
-                advantages=torch.tensor(batch.advantages[batch.keep], dtype=torch.float32, device=device))
-    weights = torch.zeros(n, width, device=device)
+    sc = unscored(batch, version, next(policy.parameters()).device)
+    prompts, responses = sc.prompts, sc.responses
+    n = len(responses)
+    weights = torch.zeros_like(sc.trainer)
     params = list(policy.parameters())
     totals = {"loss": 0.0, "clipped": 0.0, "ratio": 0.0, "grad_norm": 0.0, "updates": 0}
     num_tokens = comm.sum([float(sc.mask.sum())])[0]
