@@ -12,8 +12,6 @@ the conversion, the sampler's tokens) must match bit for bit.
 
 from __future__ import annotations
 
-import math
-
 import cupy as cp
 import numpy as np
 
