@@ -60,6 +60,8 @@ def test_collect_writes_the_record_and_its_summary(tmp_path):
     assert summary["wall_s"] == 321.0 and summary["peak_gpu_memory_mib"] == 4000
     assert summary["baseline_accuracy"] == 0.25 and summary["after_accuracy_colocated"] == 0.75
     assert summary["after_accuracy_split"] is None  # not run: said, not invented
+    assert summary["complete"] is False  # so the run did not go through to the end
+    assert (out / "gpu_memory_used_mib.txt").read_text() == "100\n4000\n250\n"
     assert summary["gain_colocated"]["gain"] == pytest.approx(0.5)
     assert summary["repro_identical"] is True
     assert summary["rule_wall_s"] == {"train_colocated": 12.5}

@@ -110,8 +110,6 @@ def test_report_stage_with_ablations_and_one_training_mode(tmp_path):
     figures.decomposition_figure(dec, paths.decompose_figure)
     figures.visibility_figure(vis, paths.visibility_figure)
     figures.fix_figure(steps, paths.fix_figure)
-    rec = records(AblateSettings(), dec, vis, runs)
-    paths.ablate_summary.write_text(json.dumps(rec))
     paths.eval_json("baseline").parent.mkdir(parents=True)
     paths.eval_json("baseline").write_text(json.dumps(
         {"n": 100, "accuracy": 0.25, "accuracy_stderr": 0.04, "format_rate": 1.0,
@@ -127,6 +125,10 @@ def test_report_stage_with_ablations_and_one_training_mode(tmp_path):
     run = FakeRun()
     report(cfg, run)
     text = paths.report_summary.read_text()
+    rec = json.loads(paths.ablate_summary.read_text())  # the report writes the records
+    assert rec == {**records(AblateSettings.from_config(cfg), dec, vis, runs),
+                   "run_name": "tiny", "backend": None}
+    assert paths.ablate_summary in run.outputs
     assert "| baseline | 25.00% ± 4.00 |  | 100 |" in text
     assert "| after colocated | not run | not run |" in text and "| split | not run | not run |" in text
     assert "| colocated | 4 | 2 | 1.5 | 0.4 | 0.1 |" in text  # seconds per step

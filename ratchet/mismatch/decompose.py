@@ -1,6 +1,7 @@
 """The training-inference gap cut into its sources, each switched on alone.
 
     frame = decomposition(setup, settings)   # one row per (updates, engine dtype, source)
+    frame, vis = along_updates(setup, settings)   # and the visibility of each update, same run
 
 After 0, 1, 3, ... real GRPO updates of fp32 masters (plain GRPO, the pipeline's engine
 sampling), an engine of each dtype in `engine_dtypes` is synced from the masters (rounded at
@@ -83,19 +84,47 @@ def measure_sources(policy, engine, prompts: list[list[int]], max_new_tokens: in
 
 def decomposition(setup: Setup, settings: AblateSettings, log=None) -> pd.DataFrame:
     """One row per (updates, engine dtype, source); `log(updates, rows)` after each count."""
-    traj = Trajectory(setup, settings.grpo("none"))
-    engines = {dtype: setup.engine(dtype) for dtype in settings.engine_dtypes}
-    rows = []
-    for updates in settings.updates:
-        traj.advance_to(updates, settings.max_steps_per_update)
-        found = []
-        for dtype, engine in engines.items():
-            found += [{"updates": updates, "steps": traj.step, **r} for r in
-                      measure_sources(traj.policy, engine, setup.measure_prompts,
-                                      settings.max_new_tokens, settings.seed + 1,
-                                      settings.temperature, settings.eps)]
-        rows += found
-        if log is not None:
-            log(updates, found)
-    return pd.DataFrame(rows)
+    return along_updates(setup, settings, log=log, visibility_updates=0)[0]
 
+
+def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibility=None,
+                  visibility_updates: int | None = None,
+                  measure_at: tuple[int, ...] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The decomposition and the visibility of updates, measured along one GRPO run.
+
+    Both ablations study the same trajectory (plain GRPO from the converted weights, the same
+    seeds), so one run serves both: every update up to `visibility_updates` (default
+    `settings.visibility_updates`; 0 for none) is counted as it happens, and the sources are
+    measured after each count in `measure_at` (default `settings.updates`; () for none).
+    Returns (decomposition, visibility); `log(updates, rows)` and `log_visibility(update,
+    rows)` report each as it is measured."""
+    from ratchet.mismatch.visibility import first_rows, update_rows
+
+    if visibility_updates is None:
+        visibility_updates = settings.visibility_updates
+    measure_at = settings.updates if measure_at is None else tuple(measure_at)
+    traj = Trajectory(setup, settings.grpo("none"))
+    engines = {dtype: setup.engine(dtype) for dtype in settings.engine_dtypes} if measure_at else {}
+    decompose_rows, visibility_rows = [], []
+    before = None
+    for update in range(max((*measure_at, visibility_updates)) + 1):
+        traj.advance_to(update, settings.max_steps_per_update)
+        if visibility_updates and update <= visibility_updates:
+            after = traj.masters()
+            found = first_rows(after, settings.engine_dtypes) if update == 0 else \
+                update_rows(update, traj.step, before, after, settings.engine_dtypes)
+            visibility_rows += found
+            if log_visibility is not None:
+                log_visibility(update, found)
+            before = after
+        if update in measure_at:
+            found = []
+            for dtype, engine in engines.items():
+                found += [{"updates": update, "steps": traj.step, **r} for r in
+                          measure_sources(traj.policy, engine, setup.measure_prompts,
+                                          settings.max_new_tokens, settings.seed + 1,
+                                          settings.temperature, settings.eps)]
+            decompose_rows += found
+            if log is not None:
+                log(update, found)
+    return pd.DataFrame(decompose_rows), pd.DataFrame(visibility_rows)

@@ -17,7 +17,7 @@ from typing import Mapping
 import pandas as pd
 import torch
 
-from ratchet.mismatch.fix import AblateSettings, Setup, Trajectory
+from ratchet.mismatch.fix import AblateSettings, Setup
 
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -61,27 +61,25 @@ def off_grid_share(weights: Mapping, dtype: str) -> float:
     return hits / total if total else 0.0
 
 
-def visibility(setup: Setup, settings: AblateSettings, log=None) -> pd.DataFrame:
-    """One row per (update, dtype), update 0 being the converted weights: the share of
-    masters the update moved, the share whose `dtype` value it changed, and the share of
-    masters off the `dtype` grid after it. `log(update, rows)` after each update."""
-    traj = Trajectory(setup, settings.grpo("none"))
-    dtypes = settings.engine_dtypes
-    before = traj.masters()
-    rows = [{"update": 0, "steps": 0, "dtype": d, "moved_share": 0.0, "changed_share": 0.0,
-             "off_grid_share": off_grid_share(before, d)} for d in dtypes]
-    if log is not None:
-        log(0, rows)
-    for update in range(1, settings.visibility_updates + 1):
-        traj.advance_to(update, settings.max_steps_per_update)
-        after = traj.masters()
-        moved = moved_share(before, after)
-        found = [{"update": update, "steps": traj.step, "dtype": d, "moved_share": moved,
-                  "changed_share": changed_share(before, after, d),
-                  "off_grid_share": off_grid_share(after, d)} for d in dtypes]
-        rows += found
-        if log is not None:
-            log(update, found)
-        before = after
-    return pd.DataFrame(rows)
+def first_rows(masters: Mapping, dtypes) -> list[dict]:
+    """Update 0, the converted weights: nothing moved yet; how far off each grid they lie."""
+    return [{"update": 0, "steps": 0, "dtype": d, "moved_share": 0.0, "changed_share": 0.0,
+             "off_grid_share": off_grid_share(masters, d)} for d in dtypes]
 
+
+def update_rows(update: int, steps: int, before: Mapping, after: Mapping, dtypes) -> list[dict]:
+    """One row per dtype for one update: the share of masters it moved, the share whose
+    `dtype` value it changed, and the share of masters off the `dtype` grid after it."""
+    moved = moved_share(before, after)
+    return [{"update": update, "steps": steps, "dtype": d, "moved_share": moved,
+             "changed_share": changed_share(before, after, d),
+             "off_grid_share": off_grid_share(after, d)} for d in dtypes]
+
+
+def visibility(setup: Setup, settings: AblateSettings, log=None) -> pd.DataFrame:
+    """One row per (update, dtype), update 0 being the converted weights, over
+    `settings.visibility_updates` updates. `log(update, rows)` after each update. (The
+    pipeline measures it along the decomposition's run: `decompose.along_updates`.)"""
+    from ratchet.mismatch.decompose import along_updates
+
+    return along_updates(setup, settings, log_visibility=log, measure_at=())[1]

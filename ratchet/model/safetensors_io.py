@@ -45,25 +45,30 @@ def read_header(path: str | Path) -> tuple[dict, int]:
 
 
 def load_fp32(path: str | Path) -> dict[str, np.ndarray]:
-    """Every tensor of the file, as float32 (ints are kept as they are)."""
+    """Every tensor of the file, as float32 (ints are kept as they are).
+
+    One pass per tensor from the mapped file to its float32 copy, tensors on a few threads
+    (NumPy's casts release the GIL): 0.6B fp16 weights take ~1 s instead of ~5 s."""
+    from concurrent.futures import ThreadPoolExecutor
+
     header, start = read_header(path)
     data = np.memmap(path, dtype=np.uint8, mode="r")
-    out = {}
-    for name, info in header.items():
+
+    def read(item) -> np.ndarray:
+        name, info = item
         a, b = info["data_offsets"]
         raw = data[start + a: start + b]
         shape = tuple(info["shape"])
         code = info["dtype"]
         if code == "BF16":
-            arr = bf16_bits_to_fp32(raw.view(np.uint16)).reshape(shape)
-        elif code in _NUMPY:
-            arr = np.array(raw.view(_NUMPY[code]).reshape(shape))
-            if arr.dtype.kind == "f":
-                arr = arr.astype(np.float32)
-        else:
+            return bf16_bits_to_fp32(raw.view(np.uint16)).reshape(shape)
+        if code not in _NUMPY:
             raise ValueError(f"{path}: tensor {name!r} has unsupported dtype {code}")
-        out[name] = arr
-    return out
+        stored = raw.view(_NUMPY[code]).reshape(shape)
+        return stored.astype(np.float32 if stored.dtype.kind == "f" else stored.dtype)  # a copy
+
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        return dict(zip(header, pool.map(read, header.items())))
 
 
 def encode(arr: np.ndarray, dtype: str) -> bytes:

@@ -35,6 +35,11 @@ COPIED = [("report/*", "report"), ("eval/*.json", "eval"), ("eval/*_answers.parq
           ("train/*/metrics.parquet", "train"), ("train/*/summary.json", "train")]
 
 
+# the outputs of `rule all` (Snakefile), under the run folder
+FINAL_OUTPUTS = ("eval/baseline.json", "eval/after_colocated.json", "eval/after_split.json",
+                 "verify/repro.json", "report/summary.md", "ablate/summary.json")
+
+
 def _json(path: Path):
     return json.loads(path.read_text()) if path.is_file() else None
 
@@ -99,6 +104,8 @@ def summarize(run: Path, wall_s: float | None = None, peak_gpu_mib: float | None
         out["ablate"] = {k: v for k, v in ablate.items() if not isinstance(v, dict)}
     if (run / "benchmarks").is_dir():
         out["rule_wall_s"] = rule_times(run / "benchmarks")
+    # every rule of `all` left its output: the run went through to the end
+    out["complete"] = all((run / p).is_file() for p in FINAL_OUTPUTS)
     return out
 
 
@@ -125,6 +132,8 @@ def collect(run: Path, out: Path, wall_s: float | None = None, command: str = ""
                 shutil.copy2(src, target)
     summary = summarize(run, wall_s, peak_from_samples(gpu_samples) if gpu_samples else None)
     summary["command"] = command
+    if gpu_samples is not None and gpu_samples.is_file():  # the memory timeline, one sample a second
+        shutil.copy2(gpu_samples, tmp / "gpu_memory_used_mib.txt")
     if config is not None:
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     (tmp / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -589,15 +589,14 @@ class Evaluator:
     def _own_engine(self, policy):
         from ratchet.engine.engine import Engine
         from ratchet.model.io import EngineModel
-        from ratchet.rl.sync import engine_weights
+        from ratchet.rl.sync import engine_weights, sync_weights
 
-        weights = engine_weights(policy)
         if self.engine is None:
-            model = EngineModel(policy.cfg, weights, self.job.grpo.engine_dtype)
+            model = EngineModel(policy.cfg, engine_weights(policy), self.job.grpo.engine_dtype)
             self.engine = Engine(model, backend=self.job.backend, max_batch_size=self.job.max_batch_size,
                                  max_seq_len=self.job.max_seq_len)
-        else:
-            self.engine.update_weights(weights)
+        else:  # on the GPU, no host round trip of the masters
+            sync_weights(self.engine, policy)
         return self.engine
 
 

@@ -26,7 +26,6 @@ STAGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "eval_baseline": ("ratchet.stages.eval_baseline", ("data", "engine", "eval")),
     "bench": ("ratchet.stages.bench", ("engine",)),
     "ablate_decompose": ("ratchet.stages.ablate", ("data", "engine", "ablate")),
-    "ablate_visibility": ("ratchet.stages.ablate", ("data", "engine", "ablate")),
     "ablate_fix": ("ratchet.stages.ablate", ("data", "engine", "eval", "ablate")),
     "train_colocated": ("ratchet.stages.train", ("data", "engine", "eval", "train")),
     "train_split": ("ratchet.stages.train", ("data", "engine", "eval", "train")),

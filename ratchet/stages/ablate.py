@@ -1,27 +1,28 @@
-"""ablate_decompose, ablate_visibility, ablate_fix: the mismatch ablations of the study.
+"""ablate_decompose, ablate_fix: the mismatch ablations of the study.
 
     ratchet ablate_decompose --config config/config.yaml
 
-All three start from the converted weights and run real GRPO updates (`ratchet/mismatch/`
-holds the logic; this module only reads inputs, writes results/<run>/ablate/ and tracks):
-- decompose: the gap by source after each count of `ablate.updates` -> decompose.parquet, .png
-- visibility: the share of weights each update changes in fp16/bf16, and of masters off the
-  grids -> visibility.parquet, .png
+Both start from the converted weights and run real GRPO updates (`ratchet/mismatch/` holds
+the logic; this module only reads inputs, writes results/<run>/ablate/ and tracks):
+- decompose: along one GRPO run, the gap by source after each count of `ablate.updates` ->
+  decompose.parquet, .png; and the visibility of every update up to
+  `ablate.visibility_updates` (the share of weights it changes in fp16/bf16, and of masters
+  off the grids) -> visibility.parquet, .png
 - fix: no correction / the fix / TIS / MIS from the same seeds -> fix_steps.parquet (per
-  step), fix.parquet (per run, with the after-training accuracy), fix.png, and summary.json
-  (the records, which also read the decomposition and visibility tables).
+  step), fix.parquet (per run, with the after-training accuracy), fix.png.
+`records` turns the three tables into the ablations' headline numbers (the report writes
+them to ablate/summary.json).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
 import numpy as np
 
 from ratchet.paths import RunPaths
-from ratchet.stages.outputs import write_json, write_parquet
+from ratchet.stages.outputs import write_parquet
 
 SMALL_MODEL_PARAMS = 50_000_000  # below this, one torch thread beats several (thread start-up)
 
@@ -89,8 +90,10 @@ def _write_ablation(run, name: str, start: float, frame, table, figure, draw) ->
 
 # ---------------------------------------------------------------------------- decompose
 def ablate_decompose(cfg: dict, run) -> None:
-    from ratchet.mismatch.decompose import decomposition
-    from ratchet.report.figures import decomposition_figure
+    """The decomposition and the visibility of updates, along one GRPO run (both study the
+    same updates: one run instead of two identical ones)."""
+    from ratchet.mismatch.decompose import along_updates
+    from ratchet.report.figures import decomposition_figure, visibility_figure
 
     paths = RunPaths.from_config(cfg)
     setup, settings = make_setup(cfg)
@@ -105,36 +108,22 @@ def ablate_decompose(cfg: dict, run) -> None:
                   f"mean {r['abs_diff_mean']:.2e}  p99 {r['abs_diff_p99']:.2e}  "
                   f"max {r['abs_diff_max']:.2e}  outside {r['ratio_outside_share']:.4f}", flush=True)
 
-    frame = decomposition(setup, settings, log=log)
-    _write_ablation(run, "decompose", start, frame, paths.decompose_table, paths.decompose_figure,
-                    decomposition_figure)
-
-
-# ---------------------------------------------------------------------------- visibility
-def ablate_visibility(cfg: dict, run) -> None:
-    from ratchet.mismatch.visibility import visibility
-    from ratchet.report.figures import visibility_figure
-
-    paths = RunPaths.from_config(cfg)
-    setup, settings = make_setup(cfg)
-    start = time.perf_counter()
-
-    def log(update, rows):
+    def log_visibility(update, rows):
         run.log_metrics({f"visibility/{r['dtype']}/{k}": r[k] for r in rows
                          for k in ("changed_share", "off_grid_share")}, step=update)
         print(f"[ablate_visibility] update {update:3d}  " + "  ".join(
             f"{r['dtype']} changed {r['changed_share']:.4f} off-grid {r['off_grid_share']:.4f}"
             for r in rows), flush=True)
 
-    frame = visibility(setup, settings, log=log)
-    _write_ablation(run, "visibility", start, frame, paths.visibility_table, paths.visibility_figure,
+    frame, vis = along_updates(setup, settings, log=log, log_visibility=log_visibility)
+    _write_ablation(run, "decompose", start, frame, paths.decompose_table, paths.decompose_figure,
+                    decomposition_figure)
+    _write_ablation(run, "visibility", start, vis, paths.visibility_table, paths.visibility_figure,
                     visibility_figure)
 
 
 # ---------------------------------------------------------------------------- fix
 def ablate_fix(cfg: dict, run) -> None:
-    import pandas as pd
-
     from ratchet.mismatch.fix import fix_runs
     from ratchet.report.figures import fix_figure
 
@@ -151,16 +140,8 @@ def ablate_fix(cfg: dict, run) -> None:
     write_parquet(paths.fix_steps, steps)
     write_parquet(paths.fix_table, runs)
     fix_figure(steps, paths.fix_figure)
-    decompose = pd.read_parquet(paths.decompose_table) if paths.decompose_table.is_file() else None
-    vis = pd.read_parquet(paths.visibility_table) if paths.visibility_table.is_file() else None
-    record = records(settings, decompose, vis, runs)
-    record.update({"run_name": cfg["run_name"], "backend": setup.backend})
-    write_json(paths.ablate_summary, record)
-    print("[ablate_fix] records: " + json.dumps(record), flush=True)
-    run.log_metrics({f"ablate/{k}": v for k, v in record.items()
-                     if isinstance(v, (int, float)) and not isinstance(v, bool)})
     run.log_metrics({"time/fix_s": time.perf_counter() - start})
-    for path in (paths.fix_steps, paths.fix_table, paths.fix_figure, paths.ablate_summary):
+    for path in (paths.fix_steps, paths.fix_table, paths.fix_figure):
         run.log_output(path)
 
 

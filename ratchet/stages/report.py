@@ -6,7 +6,7 @@ Reads whatever the other stages have written so far: the baseline and after-trai
 the training metrics of each mode, the rerun check, the ablations. A missing output reads "not run" rather
 than failing, so the report can be rebuilt while training is still going. The figures of the
 ablations stay where their stages drew them (linked from summary.md); this stage draws the
-training curves.
+training curves and writes the ablations' records (ablate/summary.json) from their tables.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from ratchet.paths import RunPaths
-from ratchet.stages.outputs import write_text
+from ratchet.stages.outputs import write_json, write_text
 from ratchet.report.tables import TRAIN_MODES
 
 
@@ -99,12 +99,33 @@ def _gains(paths: RunPaths) -> dict[str, dict]:
     return out
 
 
+def write_ablation_records(cfg: dict, inputs, run) -> dict:
+    """ablate/summary.json: the ablations' headline numbers, from their three tables."""
+    from ratchet.mismatch.fix import AblateSettings
+    from ratchet.stages.ablate import records
+
+    paths = RunPaths.from_config(cfg)
+    record = records(AblateSettings.from_config(cfg), inputs.decompose, inputs.visibility,
+                     inputs.fix_runs)
+    build = _json(paths.build)
+    record.update({"run_name": cfg["run_name"], "backend": build["backend"] if build else None})
+    write_json(paths.ablate_summary, record)
+    print("[report] ablation records: " + json.dumps(record), flush=True)
+    run.log_metrics({f"ablate/{k}": v for k, v in record.items()
+                     if isinstance(v, (int, float)) and not isinstance(v, bool)})
+    run.log_output(paths.ablate_summary)
+    return record
+
+
 def report(cfg: dict, run) -> None:
     from ratchet.report.figures import training_figure
     from ratchet.report.summary import build_summary
 
     paths = RunPaths.from_config(cfg)
     inputs = gather(cfg)
+    records = write_ablation_records(cfg, inputs, run)
+    if any(t is not None for t in (inputs.decompose, inputs.visibility, inputs.fix_runs)):
+        inputs.ablate_summary = records
     training_figure(inputs.train, paths.report_training_figure)
     inputs.figures["training"] = os.path.relpath(paths.report_training_figure, paths.report)
     text = build_summary(inputs)

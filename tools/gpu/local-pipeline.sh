@@ -12,7 +12,6 @@
 # copy .cache/gsm8k to /root/data/) and the model chunks (/root/m), in calls back to back:
 # the machine is given back 30 s after a call, with everything on it. `git rev-parse HEAD >
 # .cache/commit` and carry it with `start`, since the machine's copy of .git can be stale.
-# The whole profile needs about 20 minutes of device time as of this writing.
 set -uo pipefail
 source tools/gpu/env.sh
 state=/root/pipeline

@@ -1,3 +1,5 @@
+# The decomposition and the visibility of updates study the same GRPO run: one rule
+# measures both along it.
 rule ablate_decompose:
     input:
         build=rules.build_engine.output.build,
@@ -11,8 +13,16 @@ rule ablate_decompose:
             category="Mismatch ablations",
             labels={"figure": "gap by source"},
         ),
+        visibility=P.visibility_table,
+        visibility_figure=report(
+            P.visibility_figure,
+            caption="../report/visibility.rst",
+            category="Mismatch ablations",
+            labels={"figure": "visibility of updates"},
+        ),
     params:
         settings=stage_settings("ablate_decompose"),
+    priority: 8
     resources:
         gpu_jobs=1,
     conda:
@@ -25,45 +35,14 @@ rule ablate_decompose:
         ratchet_cmd("ablate_decompose")
 
 
-rule ablate_visibility:
-    input:
-        build=rules.build_engine.output.build,
-        train=rules.download_data.output.train,
-        test=rules.download_data.output.test,
-    output:
-        table=P.visibility_table,
-        figure=report(
-            P.visibility_figure,
-            caption="../report/visibility.rst",
-            category="Mismatch ablations",
-            labels={"figure": "visibility of updates"},
-        ),
-    params:
-        settings=stage_settings("ablate_visibility"),
-    resources:
-        gpu_jobs=1,
-    conda:
-        "../envs/ratchet.yaml"
-    log:
-        P.log("ablate_visibility"),
-    benchmark:
-        P.benchmark("ablate_visibility")
-    shell:
-        ratchet_cmd("ablate_visibility")
-
-
-# Also writes the ablations' records (summary.json), hence the two tables as inputs.
 rule ablate_fix:
     input:
         build=rules.build_engine.output.build,
         train=rules.download_data.output.train,
         test=rules.download_data.output.test,
-        decompose=rules.ablate_decompose.output.table,
-        visibility=rules.ablate_visibility.output.table,
     output:
         table=P.fix_table,
         steps=P.fix_steps,
-        summary=P.ablate_summary,
         figure=report(
             P.fix_figure,
             caption="../report/fix.rst",
@@ -72,6 +51,7 @@ rule ablate_fix:
         ),
     params:
         settings=stage_settings("ablate_fix"),
+    priority: 7
     resources:
         gpu_jobs=1,
     conda:

@@ -5,9 +5,8 @@ rule report:
     input:
         baseline=rules.eval_baseline.output.summary,
         decompose=rules.ablate_decompose.output.table,
-        visibility=rules.ablate_visibility.output.table,
+        visibility=rules.ablate_decompose.output.visibility,
         fix=rules.ablate_fix.output.table,
-        records=rules.ablate_fix.output.summary,
         training=lambda wildcards: training_inputs(P, workflow.rules),
     output:
         summary=report(
@@ -22,6 +21,7 @@ rule report:
             category="Training",
             labels={"figure": "reward and gap per step"},
         ),
+        records=P.ablate_summary,
     params:
         settings=stage_settings("report"),
     conda:

@@ -3,8 +3,8 @@
 # (results/<run>/train/<mode>/checkpoints/, deliberately not a declared output, so
 # Snakemake never deletes it). train_split runs two processes, engine and trainer, but the
 # trainer mostly waits on the engine, so it asks for one core like the others: on 2 cores
-# the two trainings then run side by side. They are the longest jobs, so they start first
-# (priority); their evals and the rerun check come next, then the ablations.
+# the two trainings then run side by side. Longest first (priority): the trainings, then
+# the ablations, the rerun check, the evals, so the jobs left at the end are short ones.
 
 
 rule train_colocated:
@@ -105,7 +105,7 @@ rule verify:
         repro=P.verify_json,
     params:
         settings=stage_settings("verify"),
-    priority: 5
+    priority: 6
     resources:
         gpu_jobs=1,
     conda:

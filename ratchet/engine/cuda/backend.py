@@ -26,7 +26,9 @@ deterministic).
 
 from __future__ import annotations
 
+import os
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from typing import Mapping, Sequence
 
 import cupy as cp
@@ -37,7 +39,7 @@ from ratchet.engine.cuda import sync
 from ratchet.engine.cuda.ops import STORAGE, Ops, decode_split
 from ratchet.engine.sampler import sampling_rows
 from ratchet.model.config import ModelConfig
-from ratchet.model.dtypes import fp32_to_bf16_bits, round_to
+from ratchet.model.dtypes import fp32_to_bf16_bits
 from ratchet.model.layout import DTYPES, check_update, check_weights, expected_shapes, rope_tables
 
 PREFILL_CHUNK = 4096  # rows per prefill pass: bounds the activation buffers
@@ -129,12 +131,12 @@ class CudaBackend:
         if not self.weights:
             raise RuntimeError("cuda backend update_weights: load_weights first")
         with self.stream:
-            on_device = []  # (name, tensor): every GPU tensor in one launch
-            for name, value in weights.items():
-                if sync.is_device_tensor(value):
-                    on_device.append((name, value))
-                else:
-                    self.weights[name].set(self._host_storage(value))
+            on_device = [(n, v) for n, v in weights.items() if sync.is_device_tensor(v)]  # one launch
+            on_host = [(n, v) for n, v in weights.items() if not sync.is_device_tensor(v)]
+            # host arrays: cast on a few threads (NumPy's casts release the GIL), then uploaded
+            with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+                for (name, _), stored in zip(on_host, pool.map(self._host_storage, (v for _, v in on_host))):
+                    self.weights[name].set(stored)
             if on_device:
                 if self.weight_sync is None:
                     self.weight_sync = sync.WeightSync(self.weights, self.dtype)
@@ -145,7 +147,7 @@ class CudaBackend:
     def _host_storage(self, value) -> np.ndarray:
         value = np.asarray(value, dtype=np.float32)
         if self.dtype == "fp16":
-            return round_to(value, "fp16").astype(np.float16)
+            return value.astype(np.float16)  # round to nearest even, as round_to does
         if self.dtype == "bf16":
             return fp32_to_bf16_bits(value)
         return np.ascontiguousarray(value)
