@@ -1,0 +1,125 @@
+"""The split mode's weight sync across two GPUs, measured and checked bit for bit.
+
+    python -m ratchet.rl.sync_bench --out sync.json          # needs two GPUs
+
+Rank 0 is a trainer on GPU 0 holding fp32 masters at Qwen2.5-0.5B shapes (random weights);
+rank 1 is a CUDA engine on GPU 1. Each sync is what `ratchet/rl/split.py` does after an
+update: `WeightSender.send` broadcasts the masters as one flat fp32 buffer over NCCL,
+`WeightReceiver.receive_into` rounds it into the engine's buffers on its GPU. Reported:
+the broadcast alone and the whole sync (broadcast + rounding into the engine), medians over
+`--repeats` after two warm-ups; then the engine's fp16 buffers are compared with the
+trainer's last masters rounded by torch (they must be equal, bit for bit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+TRAINER, ENGINE = 0, 1
+
+
+def _worker(rank: int, port: int, repeats: int, out_path: str, small: bool) -> None:
+    import cupy as cp
+
+    from ratchet.engine.cuda.backend import CudaBackend
+    from ratchet.engine.cuda.bench import qwen05_config, random_torch_weights
+    from ratchet.model.layout import expected_shapes
+    from ratchet.rl.grpo import init_process_group
+    from ratchet.rl.sync import WeightReceiver, WeightSender
+    from ratchet.trainer.policy import Policy
+
+    torch.cuda.set_device(rank)
+    cp.cuda.Device(rank).use()
+    init_process_group(rank, 2, port, "gloo")
+    group = torch.distributed.new_group([TRAINER, ENGINE], backend="nccl")
+    cfg = qwen05_config()
+    if small:  # a test's size: two layers, a small vocabulary
+        cfg = dataclasses.replace(cfg, num_layers=2, vocab_size=4096)
+    n_params = sum(int(np.prod(s)) for s in expected_shapes(cfg).values())
+    # Both ranks make the same masters (seeded on the GPU) and move them the same way before
+    # each sync, so the engine side knows what it must hold without being sent it twice.
+    masters = random_torch_weights(cfg, seed=0)
+
+    def next_update(i: int) -> None:
+        with torch.no_grad():
+            for w in masters.values():
+                w.add_(1e-6 * (i + 1))
+
+    times = torch.zeros(repeats + 2, dtype=torch.float64)
+    if rank == TRAINER:
+        policy = Policy.from_weights(cfg, {k: v.cpu().numpy() for k, v in masters.items()}, device="cuda")
+        masters = policy.export_weights()  # the live parameters: moving them moves the policy
+        sender = WeightSender(policy, group)
+        for i in range(repeats + 2):
+            next_update(i)
+            torch.distributed.barrier()
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            sender.send(TRAINER)
+            torch.cuda.synchronize()
+            times[i] = time.perf_counter() - start
+        torch.distributed.broadcast(times, src=TRAINER)  # gloo, to the rank that writes the result
+    else:
+        backend = CudaBackend(cfg, dtype="fp16", max_batch_size=8, max_seq_len=64)
+        backend.load_weights({k: np.zeros(s, np.float32) for k, s in expected_shapes(cfg).items()})
+        engine = SimpleNamespace(backend_name="cuda", update_weights=backend.update_weights)
+        receiver = WeightReceiver(cfg, device="cuda", group=group)
+        for i in range(repeats + 2):
+            next_update(i)
+            torch.distributed.barrier()
+            start = time.perf_counter()
+            receiver.receive_into(engine, TRAINER)  # returns once the engine's buffers are written
+            times[i] = time.perf_counter() - start
+        broadcast = torch.zeros_like(times)
+        torch.distributed.broadcast(broadcast, src=TRAINER)
+        bits = lambda a: np.ascontiguousarray(a).view(np.uint16)  # noqa: E731  (NaN-safe equality)
+        mismatched = [k for k, w in masters.items()
+                      if not np.array_equal(bits(w.half().cpu().numpy()), bits(cp.asnumpy(backend.weights[k])))]
+        sync, broadcast = times[2:].numpy(), broadcast[2:].numpy()
+        summary = {
+            "what": "split-mode weight sync, trainer on GPU 0 -> engine on GPU 1 (NCCL), fp32 masters "
+                    "rounded to fp16 in the engine's buffers; medians after 2 warm-ups",
+            "command": "python -m ratchet.rl.sync_bench --out sync.json",
+            "params": n_params, "repeats": repeats, "device": torch.cuda.get_device_name(0),
+            "gpus": torch.cuda.device_count(),
+            "broadcast_ms": 1e3 * float(np.median(broadcast)),
+            "sync_ms": 1e3 * float(np.median(sync)),
+            "sync_ms_all": [round(1e3 * float(t), 4) for t in sync],
+            "broadcast_GBps": n_params * 4 / float(np.median(broadcast)) / 1e9,
+            "bit_equal_to_rounded_masters": not mismatched, "mismatched_tensors": mismatched[:5],
+        }
+        with open(out_path, "w") as f:
+            json.dump(summary, f, indent=1)
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+
+
+def run(out_path: str, repeats: int = 20, small: bool = False) -> dict:
+    import torch.multiprocessing as mp
+
+    from ratchet.rl.grpo import free_port
+
+    if torch.cuda.device_count() < 2:
+        raise RuntimeError(f"sync_bench needs two GPUs; this machine has {torch.cuda.device_count()}")
+    mp.spawn(_worker, args=(free_port(), repeats, out_path, small), nprocs=2, join=True)
+    with open(out_path) as f:
+        return json.load(f)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default="sync.json")
+    parser.add_argument("--repeats", type=int, default=20)
+    args = parser.parse_args()
+    print(json.dumps(run(args.out, args.repeats), indent=1))
+
+
+if __name__ == "__main__":
+    main()
