@@ -131,12 +131,13 @@ class CudaBackend:
         if not self.weights:
             raise RuntimeError("cuda backend update_weights: load_weights first")
         with self.stream:
-            on_device = [(n, v) for n, v in weights.items() if sync.is_device_tensor(v)]  # one launch
-            on_host = [(n, v) for n, v in weights.items() if not sync.is_device_tensor(v)]
-            # host arrays: cast on a few threads (NumPy's casts release the GIL), then uploaded
-            with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-                for (name, _), stored in zip(on_host, pool.map(self._host_storage, (v for _, v in on_host))):
-                    self.weights[name].set(stored)
+            on_device, on_host = [], []  # GPU tensors: one launch; host arrays: cast, upload
+            for item in weights.items():
+                (on_device if sync.is_device_tensor(item[1]) else on_host).append(item)
+            if on_host:  # cast on a few threads (NumPy's casts release the GIL)
+                with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+                    for (name, _), stored in zip(on_host, pool.map(self._host_storage, (v for _, v in on_host))):
+                        self.weights[name].set(stored)
             if on_device:
                 if self.weight_sync is None:
                     self.weight_sync = sync.WeightSync(self.weights, self.dtype)
