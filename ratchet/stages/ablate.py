@@ -111,7 +111,7 @@ def ablate_decompose(cfg: dict, run) -> None:
     def log_visibility(update, rows):
         run.log_metrics({f"visibility/{r['dtype']}/{k}": r[k] for r in rows
                          for k in ("changed_share", "off_grid_share")}, step=update)
-        print(f"[ablate_visibility] update {update:3d}  " + "  ".join(
+        print(f"[ablate_decompose] visibility, update {update:3d}  " + "  ".join(
             f"{r['dtype']} changed {r['changed_share']:.4f} off-grid {r['off_grid_share']:.4f}"
             for r in rows), flush=True)
 
