@@ -5,7 +5,8 @@
 #   split on 2 GPUs:     the engine process on GPU 1, the trainer on GPU 0, weights over NCCL
 #   colocated on 2 GPUs: two workers (train.num_workers=2), gradients all-reduced over NCCL
 #   the same two on GPU 0 alone (CUDA_VISIBLE_DEVICES=0) for comparison
-# STEPS (default 100) sets the training length of every run.
+# STEPS (default 100) sets the training length of every run. (Checked on the CPU with the
+# tiny config and STEPS=3: every run, eval and the summary go through.)
 set -uo pipefail
 source tools/gpu/env.sh
 bash tools/gpu/assemble-model.sh || exit 1
@@ -35,6 +36,8 @@ run split-2gpu 0,1 split
 run colocated-2gpu 0,1 colocated train.num_workers=2
 run split-1gpu 0 split
 run colocated-1gpu 0 colocated
+# the split sync alone, trainer on GPU 0 -> engine on GPU 1 (NCCL), timed and checked bit for bit
+python3 -m ratchet.rl.sync_bench --out "$out/sync.json" > "$out/sync.log" 2>&1 || tail -5 "$out/sync.log"
 python3 - "$out" <<'PY'
 import json, sys
 from pathlib import Path
