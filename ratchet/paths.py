@@ -76,8 +76,12 @@ class RunPaths:
     def log(self, stage: str) -> Path:
         return self.root / "logs" / f"{stage}.log"
 
+    @property
+    def benchmarks(self) -> Path:
+        return self.root / "benchmarks"
+
     def benchmark(self, stage: str) -> Path:
-        return self.root / "benchmarks" / f"{stage}.tsv"
+        return self.benchmarks / f"{stage}.tsv"
 
     # ablations and report
     @property

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from ratchet.report.tables import paired_gain
+from ratchet.paths import RunPaths
+from ratchet.report.tables import TRAIN_MODES, paired_gain
 
-MODES = ("colocated", "split")
 STEP_TIMES = ("time/generate_s", "time/train_s", "time/sync_s", "time/wait_s", "time/engine_receive_s",
               "time/step_s")
 # what is copied: (pattern under the run folder, folder in the record)
@@ -35,9 +35,22 @@ COPIED = [("report/*", "report"), ("eval/*.json", "eval"), ("eval/*_answers.parq
           ("train/*/metrics.parquet", "train"), ("train/*/summary.json", "train")]
 
 
-# the outputs of `rule all` (Snakefile), under the run folder
-FINAL_OUTPUTS = ("eval/baseline.json", "eval/after_colocated.json", "eval/after_split.json",
-                 "verify/repro.json", "report/summary.md", "ablate/summary.json")
+def final_outputs(paths: RunPaths) -> list[Path]:
+    """The outputs of `rule all` (Snakefile): all there means the run went through."""
+    return [paths.eval_json("baseline"), *(paths.eval_json(f"after_{m}") for m in TRAIN_MODES),
+            paths.verify_json, paths.report_summary, paths.ablate_summary]
+
+
+def paired_gains(paths: RunPaths) -> dict[str, dict]:
+    """Mode -> the paired gain of its after-training eval over the baseline (where both the
+    evals' per-problem answers exist)."""
+    before = paths.eval_answers("baseline")
+    out = {}
+    for mode in TRAIN_MODES:
+        after = paths.eval_answers(f"after_{mode}")
+        if before.is_file() and after.is_file():
+            out[mode] = paired_gain(pd.read_parquet(before), pd.read_parquet(after))
+    return out
 
 
 def _json(path: Path):
@@ -74,9 +87,10 @@ def rule_times(benchmarks: Path) -> dict[str, float]:
 
 
 def summarize(run: Path, wall_s: float | None = None, peak_gpu_mib: float | None = None) -> dict:
-    baseline = _json(run / "eval" / "baseline.json")
-    verify = _json(run / "verify" / "repro.json")
-    build = _json(run / "engine" / "build.json") or {}
+    paths = RunPaths(run.parent, run.name)
+    baseline = _json(paths.eval_json("baseline"))
+    verify = _json(paths.verify_json)
+    build = _json(paths.build) or {}
     # a copied checkout (the GPU machine's) may carry a stale .git: the caller then names the commit
     commit = os.environ.get("RATCHET_COMMIT")
     out = {"wall_s": wall_s, "commit": commit or _git("rev-parse", "HEAD"),
@@ -87,25 +101,23 @@ def summarize(run: Path, wall_s: float | None = None, peak_gpu_mib: float | None
            "baseline_n": baseline and baseline["n"],
            "repro_identical": verify and verify.get("identical"),
            "peak_gpu_memory_mib": peak_gpu_mib}
-    for mode in MODES:
-        after = _json(run / "eval" / f"after_{mode}.json")
+    gains = paired_gains(paths)
+    for mode in TRAIN_MODES:
+        after = _json(paths.eval_json(f"after_{mode}"))
         out[f"after_accuracy_{mode}"] = after and after["accuracy"]
         out[f"after_accuracy_stderr_{mode}"] = after and after["accuracy_stderr"]
-        answers = [run / "eval" / f"{n}_answers.parquet" for n in ("baseline", f"after_{mode}")]
-        if all(p.is_file() for p in answers):
-            out[f"gain_{mode}"] = paired_gain(*(pd.read_parquet(p) for p in answers))
-        metrics = run / "train" / mode / "metrics.parquet"
-        if metrics.is_file():
-            out[f"train_{mode}"] = training_summary(pd.read_parquet(metrics))
+        if mode in gains:
+            out[f"gain_{mode}"] = gains[mode]
+        if paths.train_metrics(mode).is_file():
+            out[f"train_{mode}"] = training_summary(pd.read_parquet(paths.train_metrics(mode)))
         if verify and mode in verify:
             out[f"repro_identical_{mode}"] = verify[mode].get("identical")
-    ablate = _json(run / "ablate" / "summary.json")
+    ablate = _json(paths.ablate_summary)
     if ablate:
         out["ablate"] = {k: v for k, v in ablate.items() if not isinstance(v, dict)}
-    if (run / "benchmarks").is_dir():
-        out["rule_wall_s"] = rule_times(run / "benchmarks")
-    # every rule of `all` left its output: the run went through to the end
-    out["complete"] = all((run / p).is_file() for p in FINAL_OUTPUTS)
+    if paths.benchmarks.is_dir():
+        out["rule_wall_s"] = rule_times(paths.benchmarks)
+    out["complete"] = all(p.is_file() for p in final_outputs(paths))
     return out
 
 

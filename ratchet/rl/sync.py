@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ratchet.model.layout import expected_shapes
+from ratchet.model.layout import expected_shapes, num_parameters
 
 
 def engine_weights(policy) -> dict[str, np.ndarray]:
@@ -32,10 +32,6 @@ def sync_weights(engine, policy) -> None:
         engine.update_weights(weights)
     else:
         engine.update_weights(engine_weights(policy))
-
-
-def flat_size(model_cfg) -> int:
-    return sum(int(np.prod(s)) for s in expected_shapes(model_cfg).values())
 
 
 class WeightSender:
@@ -73,7 +69,7 @@ class WeightReceiver:
     def __init__(self, model_cfg, device: str = "cpu", group=None):
         self.shapes = expected_shapes(model_cfg)
         self.group = group
-        n, on_gpu = flat_size(model_cfg), torch.device(device).type == "cuda"
+        n, on_gpu = num_parameters(model_cfg), torch.device(device).type == "cuda"
         nccl = torch.distributed.is_initialized() and torch.distributed.get_backend(group) == "nccl"
         self.wire = torch.empty(n, dtype=torch.float32, device=device if nccl else "cpu",
                                 pin_memory=on_gpu and not nccl)

@@ -30,7 +30,7 @@ def _worker(rank: int, port: int, repeats: int, out_path: str, small: bool) -> N
 
     from ratchet.engine.cuda.backend import CudaBackend
     from ratchet.engine.cuda.bench import qwen05_config, random_torch_weights
-    from ratchet.model.layout import expected_shapes
+    from ratchet.model.layout import expected_shapes, num_parameters
     from ratchet.rl.grpo import init_process_group
     from ratchet.rl.sync import WeightReceiver, WeightSender
     from ratchet.trainer.policy import Policy
@@ -42,7 +42,7 @@ def _worker(rank: int, port: int, repeats: int, out_path: str, small: bool) -> N
     cfg = qwen05_config()
     if small:  # a test's size: two layers, a small vocabulary
         cfg = dataclasses.replace(cfg, num_layers=2, vocab_size=4096)
-    n_params = sum(int(np.prod(s)) for s in expected_shapes(cfg).values())
+    n_params = num_parameters(cfg)
     # Both ranks make the same masters (seeded on the GPU) and move them the same way before
     # each sync, so the engine side knows what it must hold without being sent it twice.
     masters = random_torch_weights(cfg, seed=0)
@@ -54,7 +54,7 @@ def _worker(rank: int, port: int, repeats: int, out_path: str, small: bool) -> N
 
     times = torch.zeros(repeats + 2, dtype=torch.float64)
     if rank == TRAINER:
-        policy = Policy.from_weights(cfg, {k: v.cpu().numpy() for k, v in masters.items()}, device="cuda")
+        policy = Policy.from_weights(cfg, masters, device="cuda")  # a copy, on this GPU
         masters = policy.export_weights()  # the live parameters: moving them moves the policy
         sender = WeightSender(policy, group)
         for i in range(repeats + 2):

@@ -20,28 +20,11 @@ from ratchet.stages.outputs import write_json, write_text
 from ratchet.report.tables import TRAIN_MODES
 
 
-def train_metrics_path(paths: RunPaths, mode: str) -> Path:
-    """results/<run>/train/<mode>/metrics.parquet (the training stages' layout)."""
-    method = getattr(paths, "train_metrics", None)
-    if callable(method):
-        return Path(method(mode))
-    return paths.root / "train" / mode / "metrics.parquet"
-
-
-def after_eval_path(paths: RunPaths, mode: str) -> Path:
-    return paths.eval_json(f"after_{mode}")
-
-
-def verify_path(paths: RunPaths) -> Path:
-    """results/<run>/verify/repro.json (the rerun check's record)."""
-    return Path(getattr(paths, "verify_json", paths.root / "verify" / "repro.json"))
-
-
 def training_paths(paths: RunPaths) -> list[Path]:
     """Every training output the report reads (the Snakemake rule waits for those a rule of
     the workflow makes)."""
-    return [p for m in TRAIN_MODES for p in (after_eval_path(paths, m), train_metrics_path(paths, m))] \
-        + [verify_path(paths)]
+    return [p for m in TRAIN_MODES for p in (paths.eval_json(f"after_{m}"), paths.train_metrics(m))] \
+        + [paths.verify_json]
 
 
 def training_inputs(paths: RunPaths, rules) -> list[str]:
@@ -63,6 +46,7 @@ def _parquet(path: Path):
 
 def gather(cfg: dict):
     """ReportInputs from results/<run>/, None for each output not there (yet)."""
+    from ratchet.report.record import paired_gains
     from ratchet.report.summary import ReportInputs
 
     paths = RunPaths.from_config(cfg)
@@ -75,28 +59,14 @@ def gather(cfg: dict):
     return ReportInputs(
         run_name=cfg["run_name"], engine=engine,
         baseline=_json(paths.eval_json("baseline")),
-        after={m: _json(after_eval_path(paths, m)) for m in TRAIN_MODES},
-        gains=_gains(paths),
-        train={m: _parquet(train_metrics_path(paths, m)) for m in TRAIN_MODES},
-        verify=_json(verify_path(paths)),
+        after={m: _json(paths.eval_json(f"after_{m}")) for m in TRAIN_MODES},
+        gains=paired_gains(paths),
+        train={m: _parquet(paths.train_metrics(m)) for m in TRAIN_MODES},
+        verify=_json(paths.verify_json),
         decompose=_parquet(paths.decompose_table), visibility=_parquet(paths.visibility_table),
         fix_steps=_parquet(paths.fix_steps), fix_runs=_parquet(paths.fix_table),
         ablate_summary=_json(paths.ablate_summary), ablate_settings=dict(cfg["ablate"]),
         figures=figures)
-
-
-def _gains(paths: RunPaths) -> dict[str, dict]:
-    """Mode -> the paired gain of its after-training eval over the baseline (where both the
-    evals' per-problem answers exist)."""
-    from ratchet.report.tables import paired_gain
-
-    before = _parquet(paths.eval_answers("baseline"))
-    out = {}
-    for mode in TRAIN_MODES:
-        after = _parquet(paths.eval_answers(f"after_{mode}"))
-        if before is not None and after is not None:
-            out[mode] = paired_gain(before, after)
-    return out
 
 
 def write_ablation_records(cfg: dict, inputs, run) -> dict:
