@@ -170,8 +170,14 @@ def test_backend_matches_numpy_backend(kind, dtype):
 
 
 @pytest.mark.parametrize("kind", ["a", "b"])
-def test_engine_greedy_tokens_identical(kind):
+def test_engine_greedy_tokens_match_numpy_but_near_ties(kind):
+    """Greedy answers equal the NumPy engine's token for token, with log-probabilities within
+    5e-3, up to the first near-tie: the kernels sum in another order than NumPy, so where two
+    tokens' logits are within rounding the engines may pick differently. Where an answer
+    parts, the reference's own logits of the two picks must be that close (< 2e-2 nats), and
+    at most one answer of six may part."""
     from ratchet.engine.engine import Engine
+    from ratchet.engine.numpy.backend import NumpyBackend
     from ratchet.engine.request import Request
 
     cfg = small_config(kind)
@@ -185,9 +191,20 @@ def test_engine_greedy_tokens_identical(kind):
         return engine.generate(reqs)
 
     got, want = run("cuda"), run("numpy")
-    for g, w in zip(got, want):
-        assert g.output == w.output
-        np.testing.assert_allclose(g.logprobs, w.logprobs, atol=5e-3)
+    ref = NumpyBackend(cfg, "fp16", 1, 256)
+    ref.load_weights(model.weights)
+    parted = 0
+    for prompt, g, w in zip(prompts, got, want):
+        assert len(g.output) == len(w.output) == 30
+        k = next((i for i, (a, b) in enumerate(zip(g.output, w.output)) if a != b), len(w.output))
+        np.testing.assert_allclose(g.logprobs[:k], w.logprobs[:k], atol=5e-3)
+        if k < len(w.output):
+            parted += 1
+            logits = np.asarray(ref.prefill_batch([0], [prompt + w.output[:k]])[0], dtype=np.float64)
+            gap = logits[w.output[k]] - logits[g.output[k]]
+            print(f"\n{kind}: parts at token {k}: reference logits of the two picks differ by {gap:.3g}")
+            assert 0 <= gap < 2e-2
+    assert parted <= 1
 
 
 def test_decode_sample_matches_host_sampler():

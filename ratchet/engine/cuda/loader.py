@@ -113,6 +113,11 @@ def function(name: str, expr: str, all_exprs: tuple[str, ...] | list[str] | None
 DTYPE_TAGS = {"fp32": "F32", "fp16": "F16", "bf16": "BF16"}
 
 
+def tensor_core_decode(dtype: str, head_dim: int, group: int) -> bool:
+    """Whether `attn_decode_mma` (attention_decode.cu) covers this engine dtype and shape."""
+    return dtype in ("fp16", "bf16") and head_dim in (64, 128) and 1 <= group <= 16
+
+
 def expressions(name: str, dtypes=("fp32", "fp16", "bf16"), attn_shapes=((64, 7),)) -> tuple[str, ...]:
     """The template instances of one kernel file for the given dtypes and (head_dim, group)."""
     tags = [DTYPE_TAGS[d] for d in dtypes]
@@ -121,8 +126,10 @@ def expressions(name: str, dtypes=("fp32", "fp16", "bf16"), attn_shapes=((64, 7)
     if name == "convert":
         return ("convert_f32<0>", "convert_f32<1>", "convert_many<0>", "convert_many<1>", "convert_many<2>")
     if name == "attention_decode":
-        return tuple(f"attn_decode_{part}<{t}, {hd}, {g}>" for t in tags for hd, g in attn_shapes
-                     for part in ("partial", "combine"))
+        general = tuple(f"attn_decode_{part}<{t}, {hd}, {g}>" for t in tags for hd, g in attn_shapes
+                        for part in ("partial", "combine"))
+        return general + tuple(f"attn_decode_mma<{DTYPE_TAGS[d]}, {hd}, {g}>" for d in dtypes
+                               for hd, g in attn_shapes if tensor_core_decode(d, hd, g))
     if name == "attention_prefill":
         return tuple(f"attn_prefill<{t}, {hd}, {g}>" for t in tags for hd, g in attn_shapes)
     entry = {"rmsnorm": ("add_rmsnorm", "add_rmsnorm_warp"), "rope": ("rope_qkv",),

@@ -26,6 +26,10 @@ CUBLAS_GEMM_DEFAULT = -1
 DECODE_TILE = 64  # positions per tile in attention_decode.cu (#define TILE)
 RMS_VPL = 4  # rmsnorm.cu RMS_VPL: 16-byte vectors per lane of add_rmsnorm_warp
 MAX_DECODE_SPLITS = 32
+MMA_MAX_WARPS = 16  # attention_decode.cu MMA_MAX_WARPS: warps a block of attn_decode_mma (half at hd 128)
+MMA_WARPS_MANY_ROWS = 4  # warps a block when the rows alone fill the GPU
+MMA_TARGET_BLOCKS = 264  # ~2 blocks a multiprocessor (132 on an H100 / H200)
+MMA_SMEM_BYTES = 48 * 1024  # the merge's dynamic shared memory, without an opt-in attribute
 
 
 def _i32(x) -> np.int32:
@@ -136,6 +140,27 @@ def decode_split(max_seq: int) -> tuple[int, int]:
     return split_len, -(-max_seq // split_len)
 
 
+def mma_decode_plan(rows: int, num_kv_heads: int, max_seq: int, head_dim: int, group: int,
+                    capacity: int) -> tuple[int, int, int]:
+    """(warps, split_len, nsplit) for attn_decode_mma: a block a (split, kv head, row), its
+    warps taking tiles of 32 (head_dim 64) or 16 positions in turn.
+    - Many rows (at least MMA_TARGET_BLOCKS (row, kv head) pairs): blocks of a few warps, one
+      split, and the kernel writes the output (no combine).
+    - Few rows: up to a warp a tile (a block merges its warps cheaply, in shared memory), then
+      splits of the sequence (at most `capacity`, merged by the combine) until the GPU fills."""
+    tile = 32 if head_dim == 64 else 16
+    tiles = -(-max_seq // tile)
+    pairs = max(1, rows * num_kv_heads)
+    if pairs >= MMA_TARGET_BLOCKS:
+        warps, nsplit = MMA_WARPS_MANY_ROWS, 1
+    else:
+        fit = MMA_SMEM_BYTES // (4 * group * (head_dim + 2))
+        warps = max(1, min(MMA_MAX_WARPS if head_dim == 64 else MMA_MAX_WARPS // 2, fit, tiles))
+        nsplit = max(1, min(-(-MMA_TARGET_BLOCKS // pairs), capacity, -(-tiles // warps)))
+    split_len = -(-tiles // nsplit) * tile
+    return warps, split_len, -(-max_seq // split_len)
+
+
 class Ops:
     """The kernels of one engine dtype and one attention shape (head_dim, group)."""
 
@@ -156,6 +181,7 @@ class Ops:
         self.vec = 16 // self.storage.itemsize  # values per 16-byte vector
         self.f_decode_partial, self.f_decode_combine = fn["attn_decode_partial"], fn["attn_decode_combine"]
         self.f_prefill = fn["attn_prefill"]
+        self.f_decode_mma = fn.get("attn_decode_mma")  # tensor cores where the shape allows
         convert_module = loader.load("convert", loader.expressions("convert"))
         self.f_convert = {"fp16": convert_module.get_function("convert_f32<0>"),
                           "bf16": convert_module.get_function("convert_f32<1>")}
@@ -279,6 +305,17 @@ class Ops:
         if not rows:
             return
         scale = np.float32(1.0 / math.sqrt(hd))
+        if self.f_decode_mma is not None and _aligned16(q, cache):
+            warps, split_len, used = mma_decode_plan(rows, num_kv_heads, max_seq, hd, g, nsplit)
+            self.f_decode_mma((used, num_kv_heads, rows), (32 * warps,),
+                              (q, cache, slots, seq_lens, part_acc, part_ml, out, _i32(num_kv_heads),
+                               _i32(max_seq), _i32(split_len), _i32(used), scale),
+                              shared_mem=4 * warps * g * (hd + 2))
+            if used > 1:  # part_* hold `used` splits a row here (their first rows * K * used * G)
+                self.f_decode_combine((rows, num_kv_heads * g), (hd,),
+                                      (part_acc, part_ml, seq_lens, out, _i32(num_kv_heads), _i32(split_len),
+                                       _i32(used)))
+            return
         self.f_decode_partial((nsplit, num_kv_heads, rows), (DECODE_TILE,),
                               (q, cache, slots, seq_lens, part_acc, part_ml, _i32(num_kv_heads),
                                _i32(max_seq), _i32(split_len), _i32(nsplit), scale))
