@@ -13,6 +13,7 @@ import cupy as cp
 import numpy as np
 
 from ratchet.engine.cuda import ops as ops_mod
+from ratchet.engine.cuda import plan as plan_mod
 from ratchet.engine.cuda.bench import Events
 
 
@@ -27,18 +28,18 @@ def run(dtype: str, batch: int, max_seq: int, lo: int, hi: int, settings) -> dic
     q = q.astype(np.float16) if dtype == "fp16" else (q.view(np.uint32) >> 16).astype(np.uint16)
     slots = cp.arange(batch, dtype=np.int32)
     seq_lens = cp.asarray(rng.integers(lo, hi + 1, batch).astype(np.int32))
-    _, nsplit = ops_mod.decode_split(max_seq)
+    _, nsplit = plan_mod.decode_split(max_seq)
     part_acc = cp.empty((batch, kv, nsplit, g, hd), np.float32)
     part_ml = cp.empty((batch, kv, nsplit, g, 2), np.float32)
     outs, res = {}, {}
     stream = cp.cuda.get_current_stream()
-    defaults = {k: getattr(ops_mod, k) for k in ("MMA_MAX_WARPS", "MMA_WARPS_MANY_ROWS", "MMA_TARGET_BLOCKS")}
+    defaults = {k: getattr(plan_mod, k) for k in ("MMA_MAX_WARPS", "MMA_WARPS_MANY_ROWS", "MMA_TARGET_BLOCKS")}
     for name in ["cuda-core"] + [json.dumps(x) for x in settings]:
         if name == "cuda-core":
             f, o.f_decode_mma = o.f_decode_mma, None
         else:
             for k, v in {**defaults, **json.loads(name)}.items():
-                setattr(ops_mod, k, v)
+                setattr(plan_mod, k, v)
         out = cp.zeros((batch, kv * g * hd), storage)
         ev = Events()
         for i in range(25):
@@ -48,7 +49,7 @@ def run(dtype: str, batch: int, max_seq: int, lo: int, hi: int, settings) -> dic
         if name == "cuda-core":
             o.f_decode_mma = f
         outs[name] = cp.asnumpy(out.view(np.uint16))
-        split = ops_mod.mma_decode_plan(batch, kv, max_seq, hd, g, nsplit) if name != "cuda-core" else None
+        split = plan_mod.mma_decode_plan(batch, kv, max_seq, hd, g, nsplit) if name != "cuda-core" else None
         res[name] = {"us_per_layer": 1e3 * float(np.median(ev.ms[5:])) / 24, "split": split}
     ref = outs["cuda-core"]
     to_f = (lambda a: a.view(np.float16).astype(np.float32)) if dtype == "fp16" else \
@@ -58,7 +59,7 @@ def run(dtype: str, batch: int, max_seq: int, lo: int, hi: int, settings) -> dic
         res[name]["max_diff_vs_cuda_core"] = float(d.max())
         res[name]["share_bits_equal"] = float((a == ref).mean())
     for k, v in defaults.items():
-        setattr(ops_mod, k, v)
+        setattr(plan_mod, k, v)
     kv_bytes = float(cp.asnumpy(seq_lens).sum()) * kv * 2 * hd * storage.itemsize
     for r in res.values():
         r["TBps"] = kv_bytes / (r["us_per_layer"] * 1e-6) / 1e12

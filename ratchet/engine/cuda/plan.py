@@ -1,0 +1,41 @@
+"""Launch plans of the decode attention (attention_decode.cu): how a step's rows, kv heads
+and cached positions are cut into blocks and splits. Plain Python (no CuPy), so the CPU
+tests check the plans that the GPU runs."""
+
+from __future__ import annotations
+
+DECODE_TILE = 64  # positions per tile in attention_decode.cu (#define TILE)
+MAX_DECODE_SPLITS = 32
+MMA_MAX_WARPS = 16  # attention_decode.cu MMA_MAX_WARPS: warps a block of attn_decode_mma (half at hd 128)
+MMA_WARPS_MANY_ROWS = 4  # warps a block when the rows alone fill the GPU
+MMA_TARGET_BLOCKS = 264  # ~2 blocks a multiprocessor (132 on an H100 / H200)
+MMA_SMEM_BYTES = 48 * 1024  # the merge's dynamic shared memory, without an opt-in attribute
+
+
+def decode_split(max_seq: int) -> tuple[int, int]:
+    """(split_len, nsplit) for the decode attention: whole tiles, at most MAX_DECODE_SPLITS."""
+    tiles = -(-max_seq // DECODE_TILE)
+    per_split = -(-tiles // MAX_DECODE_SPLITS)
+    split_len = per_split * DECODE_TILE
+    return split_len, -(-max_seq // split_len)
+
+
+def mma_decode_plan(rows: int, num_kv_heads: int, max_seq: int, head_dim: int, group: int,
+                    capacity: int) -> tuple[int, int, int]:
+    """(warps, split_len, nsplit) for attn_decode_mma: a block a (split, kv head, row), its
+    warps taking tiles of 32 (head_dim 64) or 16 positions in turn.
+    - Many rows (at least MMA_TARGET_BLOCKS (row, kv head) pairs): blocks of a few warps, one
+      split, and the kernel writes the output (no combine).
+    - Few rows: up to a warp a tile (a block merges its warps cheaply, in shared memory), then
+      splits of the sequence (at most `capacity`, merged by the combine) until the GPU fills."""
+    tile = 32 if head_dim == 64 else 16
+    tiles = -(-max_seq // tile)
+    pairs = max(1, rows * num_kv_heads)
+    if pairs >= MMA_TARGET_BLOCKS:
+        warps, nsplit = MMA_WARPS_MANY_ROWS, 1
+    else:
+        fit = MMA_SMEM_BYTES // (4 * group * (head_dim + 2))
+        warps = max(1, min(MMA_MAX_WARPS if head_dim == 64 else MMA_MAX_WARPS // 2, fit, tiles))
+        nsplit = max(1, min(-(-MMA_TARGET_BLOCKS // pairs), capacity, -(-tiles // warps)))
+    split_len = -(-tiles // nsplit) * tile
+    return warps, split_len, -(-max_seq // split_len)

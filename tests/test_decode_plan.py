@@ -1,0 +1,60 @@
+"""The decode attention's launch plans (ratchet/engine/cuda/plan.py), on the CPU: every plan
+covers the cache with whole tiles, fits the workspace the backend allocates and the kernel's
+launch bounds and shared memory, and matches the constants in attention_decode.cu."""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+import pytest
+
+from ratchet.engine.cuda import loader, plan
+
+SOURCE = loader.kernel_path("attention_decode").read_text()
+
+
+def _define(name: str) -> int:
+    return int(re.search(rf"#define {name} (\d+)", SOURCE).group(1))
+
+
+def test_constants_match_the_kernel():
+    assert plan.DECODE_TILE == _define("TILE")
+    assert plan.MMA_MAX_WARPS == _define("MMA_MAX_WARPS")
+    assert "HD == 64 ? 32 : 16" in SOURCE  # the tensor-core kernel's positions a warp step
+    assert "HD == 64 ? MMA_MAX_WARPS * 32 : MMA_MAX_WARPS * 16" in SOURCE  # its launch bounds
+
+
+@pytest.mark.parametrize("hd,group", [(64, 7), (128, 4), (128, 16), (64, 1), (64, 16)])
+def test_every_plan_covers_the_cache_and_fits(hd, group):
+    tile = 32 if hd == 64 else 16
+    max_warps = plan.MMA_MAX_WARPS if hd == 64 else plan.MMA_MAX_WARPS // 2
+    for rows, kv, max_seq in itertools.product((1, 3, 8, 64, 100, 512, 1024), (1, 2, 4, 8),
+                                               (1, 17, 64, 300, 384, 2500, 4096, 32768)):
+        capacity = plan.decode_split(max_seq)[1]  # the backend's part_acc holds this many splits
+        warps, split_len, nsplit = plan.mma_decode_plan(rows, kv, max_seq, hd, group, capacity)
+        case = (rows, kv, max_seq, warps, split_len, nsplit)
+        assert split_len % tile == 0, case
+        assert (nsplit - 1) * split_len < max_seq <= nsplit * split_len, case
+        assert 1 <= nsplit <= capacity, case
+        assert 1 <= warps <= max_warps, case
+        assert 4 * warps * group * (hd + 2) <= plan.MMA_SMEM_BYTES, case  # the merge's dynamic smem
+        if rows * kv >= plan.MMA_TARGET_BLOCKS:
+            assert nsplit == 1, case  # the kernel writes the output, no combine
+
+
+def test_qwen05_decode_plans():
+    """The plans the H200 bench measured (results/records/h200-bench.json): B = 64 at a
+    384-position cache, a block of 12 warps a (row, kv head), one 32-position tile a warp;
+    B = 512, blocks of 4 warps; both without the combine."""
+    cap = plan.decode_split(384)[1]
+    assert plan.mma_decode_plan(64, 2, 384, 64, 7, cap) == (12, 384, 1)
+    assert plan.mma_decode_plan(512, 2, 384, 64, 7, cap) == (4, 384, 1)
+    assert plan.mma_decode_plan(1, 2, 4096, 64, 7, plan.decode_split(4096)[1])[2] > 1  # long, few rows: splits
+
+
+def test_tensor_core_instances_only_where_supported():
+    exprs = loader.expressions("attention_decode", attn_shapes=((64, 7), (32, 2), (128, 20)))
+    mma = {e for e in exprs if e.startswith("attn_decode_mma")}
+    assert mma == {"attn_decode_mma<F16, 64, 7>", "attn_decode_mma<BF16, 64, 7>"}
+    assert loader.tensor_core_decode("fp16", 128, 16) and not loader.tensor_core_decode("fp32", 64, 7)
