@@ -182,6 +182,12 @@ __global__ void attn_decode_combine(const float* __restrict__ part_acc, const fl
 // - P is the A operand straight from the score accumulators (FlashAttention-2's layout),
 //   as a sum of two fp16 or three bf16 terms: the weighted sum keeps ~22-24 bits of P, as
 //   the fp32 reference does, not the 11 or 8 of a single rounding.
+// RoPE can come fused (qkv != null): the block rounds q + bias and rotates its group's query
+// heads into shared memory, and the split that holds the new position (seq_lens[r] - 1) also
+// writes that position's k (rotated) and v into the cache before its warps read it; the
+// arithmetic is rope.cu's, operation for operation without contraction, so q and the cache
+// hold the same bits as after rope_qkv. The cache is then read with coherent loads (no
+// __restrict__ / const: the read-only path does not see a kernel's own writes).
 // A block of W warps (W = blockDim.x / 32, at most MMA_MAX_WARPS, half that at head_dim 128
 // so that the registers of a thread need not spill) takes one split of (row,
 // kv head); warp w its tiles w, w + W, ..., each with an online softmax in registers; the
@@ -233,10 +239,12 @@ __device__ __forceinline__ void split_pair(float x, float y, unsigned* out, int 
 
 template <class D, int HD, int G>
 __global__ void __launch_bounds__(HD == 64 ? MMA_MAX_WARPS * 32 : MMA_MAX_WARPS * 16)
-attn_decode_mma(const typename D::T* __restrict__ q, const typename D::T* __restrict__ cache,
+attn_decode_mma(const typename D::T* __restrict__ q, typename D::T* cache,
                 const int* __restrict__ slots, const int* __restrict__ seq_lens,
                 float* __restrict__ part_acc, float* __restrict__ part_ml, typename D::T* __restrict__ out,
-                int num_kv_heads, int max_seq, int split_len, int nsplit, float scale) {
+                int num_kv_heads, int max_seq, int split_len, int nsplit, float scale,
+                const float* __restrict__ qkv, const typename D::T* __restrict__ bias,
+                const float* __restrict__ cos_table, const float* __restrict__ sin_table) {
     static_assert(HD == 64 || HD == 128, "head_dim 64 or 128");
     static_assert(G >= 1 && G <= 16, "at most 16 query heads a kv head");
     typedef typename D::T T;
@@ -253,6 +261,7 @@ attn_decode_mma(const typename D::T* __restrict__ q, const typename D::T* __rest
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
 
     extern __shared__ float merge_s[];  // m [W][G], l [W][G], acc [W][G][HD]
+    __shared__ __align__(16) T q_s[G][HD];  // the rotated queries when RoPE is fused
 
     const int s = blockIdx.x, g = blockIdx.y, r = blockIdx.z;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
@@ -266,10 +275,48 @@ attn_decode_mma(const typename D::T* __restrict__ q, const typename D::T* __rest
     const T* kbase = cache + ((slot * 2 + 0) * num_kv_heads + g) * (long long)max_seq * HD;
     const T* vbase = cache + ((slot * 2 + 1) * num_kv_heads + g) * (long long)max_seq * HD;
 
+    if (qkv != nullptr) {  // fused RoPE: rope.cu's steps for the group's q heads, k and v
+        constexpr int HALF = HD / 2;
+        const int pos = n - 1;
+        const bool writes_new = pos >= start && pos < end;
+        const float* x = qkv + (long long)r * (num_heads + 2 * num_kv_heads) * HD;
+        for (int p = threadIdx.x; p < (G + 2) * HALF; p += blockDim.x) {
+            const int hh = p / HALF, i = p - hh * HALF;  // hh: G query heads, then k, then v
+            if (hh >= G && !writes_new) break;
+            const int head = hh < G ? g * G + hh : num_heads + (hh - G) * num_kv_heads + g;
+            const int c0 = head * HD + i, c1 = c0 + HALF;
+            float a = x[c0], b = x[c1];
+            if (bias != nullptr) {
+                a = __fadd_rn(a, D::load(bias[c0]));
+                b = __fadd_rn(b, D::load(bias[c1]));
+            }
+            a = D::load(D::store(a));
+            b = D::load(D::store(b));
+            if (hh <= G) {  // q and k rotate, v does not
+                const float c = cos_table[(long long)pos * HALF + i];
+                const float sn = sin_table[(long long)pos * HALF + i];
+                const float a2 = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, sn));
+                const float b2 = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, sn));
+                a = a2;
+                b = b2;
+            }
+            if (hh < G) {
+                q_s[hh][i] = D::store(a);
+                q_s[hh][i + HALF] = D::store(b);
+            } else {
+                T* dst = cache + (((slot * 2 + (hh - G)) * num_kv_heads + g) * (long long)max_seq + pos) * HD;
+                dst[i] = D::store(a);
+                dst[i + HALF] = D::store(b);
+            }
+        }
+        __syncthreads();  // q_s and the new k, v are the block's to read from here
+    }
+
     // query fragments: heads fn and fn + 8 of the group, dims [ft HD/4, +HD/4) in k-step order
     unsigned qa[KS][4];
     {
-        const T* qg = q + (long long)r * num_heads * HD + (long long)g * G * HD + ft * (HD / 4);
+        const T* qg = qkv != nullptr ? &q_s[0][0] + ft * (HD / 4)
+                                     : q + (long long)r * num_heads * HD + (long long)g * G * HD + ft * (HD / 4);
         uint4 w0[K4], w1[K4];
 #pragma unroll
         for (int u = 0; u < K4; ++u) {

@@ -180,17 +180,15 @@ class CudaBackend:
 
     def _forward(self, ws: _Workspace, rows: int, attention) -> None:
         """Rows' hidden states through every layer; leaves the final norm's output in ws.h."""
-        o, cfg, eps = self.ops, self.cfg, self.cfg.rms_norm_eps
-        tokens, slots, positions = ws.ints[TOKENS, :rows], ws.ints[SLOTS, :rows], ws.ints[POSITIONS, :rows]
-        x, h, qkv, q, att = ws.x[:rows], ws.h[:rows], ws.qkv[:rows], ws.q[:rows], ws.att[:rows]
+        o, eps = self.ops, self.cfg.rms_norm_eps
+        tokens = ws.ints[TOKENS, :rows]
+        x, h, qkv, att = ws.x[:rows], ws.h[:rows], ws.qkv[:rows], ws.att[:rows]
         proj, gu, act = ws.proj[:rows], ws.gu[:rows], ws.act[:rows]
         o.embedding(tokens, self.weights["embed.weight"], x)
         o.add_rmsnorm(x, None, self.weights["layers.0.attn_norm.weight"], h, eps)
         for layer, (wqkv, bias, wo, mlp_norm, w_gate_up, w_down, next_norm) in enumerate(self.layer_weights):
             o.gemm(h, wqkv, qkv)
-            o.rope_qkv(qkv, bias, self.rope_cos, self.rope_sin, positions, slots, q, self.kv_layers[layer],
-                       cfg.num_heads, cfg.num_kv_heads)
-            attention(layer, q, att)
+            attention(layer, qkv, bias, att)  # RoPE (k, v into the cache) and attention
             o.gemm(att, wo, proj)
             o.add_rmsnorm(x, proj, mlp_norm, h, eps)
             o.gemm(h, w_gate_up, gu)
@@ -198,13 +196,26 @@ class CudaBackend:
             o.gemm(act, w_down, proj)
             o.add_rmsnorm(x, proj, next_norm, h, eps)
 
+    def _rope(self, ws: _Workspace, rows: int, layer: int, qkv: cp.ndarray, bias) -> cp.ndarray:
+        """rope_qkv: the rows' queries (returned) and this layer's new k, v into the cache."""
+        q = ws.q[:rows]
+        self.ops.rope_qkv(qkv, bias, self.rope_cos, self.rope_sin, ws.ints[POSITIONS, :rows], ws.ints[SLOTS, :rows],
+                          q, self.kv_layers[layer], self.cfg.num_heads, self.cfg.num_kv_heads)
+        return q
+
     def _decode_body(self, b: int, sample: bool) -> None:
         ws = self.dec
         slots, seq_lens = ws.ints[SLOTS, :b], ws.ints[SEQ_LENS, :b]
         part_acc, part_ml = ws.part_acc[:b], ws.part_ml[:b]
 
-        def attention(layer, q, att):
-            self.ops.attention_decode(q, self.kv_layers[layer], slots, seq_lens, part_acc, part_ml, att)
+        def attention(layer, qkv, bias, att):
+            cache = self.kv_layers[layer]
+            if self.ops.fused_rope_decode:  # one kernel: RoPE, the cache write and the attention
+                self.ops.attention_decode_rope(qkv, bias, self.rope_cos, self.rope_sin, cache, slots, seq_lens,
+                                               part_acc, part_ml, att)
+            else:
+                self.ops.attention_decode(self._rope(ws, b, layer, qkv, bias), cache, slots, seq_lens, part_acc,
+                                          part_ml, att)
 
         self._forward(ws, b, attention)
         self.ops.gemm(ws.h[:b], self.head, ws.logits[:b])
@@ -400,7 +411,8 @@ class CudaBackend:
             ws.ints.set(ints)
             tiles_gpu = cp.asarray(tiles)
 
-            def attention(layer, q, att):
+            def attention(layer, qkv, bias, att):
+                q = self._rope(ws, rows, layer, qkv, bias)
                 self.ops.attention_prefill(q, self.kv_layers[layer], tiles_gpu, qt, att)
 
             self._forward(ws, rows, attention)

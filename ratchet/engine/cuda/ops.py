@@ -272,15 +272,7 @@ class Ops:
             return
         scale = np.float32(1.0 / math.sqrt(hd))
         if self.f_decode_mma is not None and _aligned16(q, cache):
-            warps, split_len, used = mma_decode_plan(rows, num_kv_heads, max_seq, hd, g, nsplit)
-            self.f_decode_mma((used, num_kv_heads, rows), (32 * warps,),
-                              (q, cache, slots, seq_lens, part_acc, part_ml, out, _i32(num_kv_heads),
-                               _i32(max_seq), _i32(split_len), _i32(used), scale),
-                              shared_mem=4 * warps * g * (hd + 2))
-            if used > 1:  # part_* hold `used` splits a row here (their first rows * K * used * G)
-                self.f_decode_combine((rows, num_kv_heads * g), (hd,),
-                                      (part_acc, part_ml, seq_lens, out, _i32(num_kv_heads), _i32(split_len),
-                                       _i32(used)))
+            self._decode_mma(q, cache, slots, seq_lens, part_acc, part_ml, out, None)
             return
         self.f_decode_partial((nsplit, num_kv_heads, rows), (DECODE_TILE,),
                               (q, cache, slots, seq_lens, part_acc, part_ml, _i32(num_kv_heads),
@@ -288,6 +280,57 @@ class Ops:
         self.f_decode_combine((rows, num_kv_heads * g), (hd,),
                               (part_acc, part_ml, seq_lens, out, _i32(num_kv_heads), _i32(split_len),
                                _i32(nsplit)))
+
+    @property
+    def fused_rope_decode(self) -> bool:
+        """Whether attention_decode_rope is available (the tensor-core kernel's shapes)."""
+        return self.f_decode_mma is not None
+
+    def attention_decode_rope(self, qkv: cp.ndarray, bias: cp.ndarray | None, cos: cp.ndarray, sin: cp.ndarray,
+                              cache: cp.ndarray, slots: cp.ndarray, seq_lens: cp.ndarray, part_acc: cp.ndarray,
+                              part_ml: cp.ndarray, out: cp.ndarray) -> None:
+        """rope_qkv then attention_decode in one kernel, for decode rows (the new token of row r
+        at position seq_lens[r] - 1): the cache gets that position's k and v, as rope_qkv writes
+        them, and out the attention; no q buffer."""
+        if not self.fused_rope_decode:
+            raise ValueError(f"cuda ops: no fused RoPE decode for {self.dtype}, head_dim {self.head_dim}, "
+                             f"group {self.group}")
+        hd = self.head_dim
+        rows = qkv.shape[0]
+        num_kv_heads, max_seq = cache.shape[2], cache.shape[3]
+        _check(qkv, "attention qkv", (rows, (num_kv_heads * (self.group + 2)) * hd), np.float32)
+        if bias is not None:
+            _check(bias, "attention bias", (qkv.shape[1],), self.storage)
+        _check(cos, "rope cos", dtype=np.float32)
+        _check(sin, "rope sin", cos.shape, np.float32)
+        if cos.shape[0] < max_seq or cos.shape[1] != hd // 2:
+            raise ValueError(f"rope tables {cos.shape} do not cover [{max_seq}, {hd // 2}]")
+        self._decode_mma(None, cache, slots, seq_lens, part_acc, part_ml, out, (qkv, bias, cos, sin))
+
+    def _decode_mma(self, q, cache, slots, seq_lens, part_acc, part_ml, out, rope) -> None:
+        hd, g = self.head_dim, self.group
+        rows = out.shape[0]
+        num_kv_heads, max_seq = cache.shape[2], cache.shape[3]
+        _, nsplit = decode_split(max_seq)
+        _check(cache, "attention cache", (cache.shape[0], 2, num_kv_heads, max_seq, hd), self.storage)
+        _check(slots, "attention slots", (rows,), np.int32)
+        _check(seq_lens, "attention seq_lens", (rows,), np.int32)
+        _check(part_acc, "attention part_acc", (rows, num_kv_heads, nsplit, g, hd), np.float32)
+        _check(part_ml, "attention part_ml", (rows, num_kv_heads, nsplit, g, 2), np.float32)
+        _check(out, "attention out", (rows, num_kv_heads * g * hd), self.storage)
+        if not rows:
+            return
+        qkv, bias, cos, sin = rope if rope is not None else (None, None, None, None)
+        warps, split_len, used = mma_decode_plan(rows, num_kv_heads, max_seq, hd, g, nsplit)
+        self.f_decode_mma((used, num_kv_heads, rows), (32 * warps,),
+                          (_ptr(q), cache, slots, seq_lens, part_acc, part_ml, out, _i32(num_kv_heads),
+                           _i32(max_seq), _i32(split_len), _i32(used), np.float32(1.0 / math.sqrt(hd)),
+                           _ptr(qkv), _ptr(bias), _ptr(cos), _ptr(sin)),
+                          shared_mem=4 * warps * g * (hd + 2))
+        if used > 1:  # part_* hold `used` splits a row here (their first rows * K * used * G)
+            self.f_decode_combine((rows, num_kv_heads * g), (hd,),
+                                  (part_acc, part_ml, seq_lens, out, _i32(num_kv_heads), _i32(split_len),
+                                   _i32(used)))
 
     def prefill_tiles(self, seq_rows: list[tuple[int, int, int, int]]) -> tuple[np.ndarray, int]:
         """Tile descriptors int32 [n, 4] (first row, rows, slot, first position) for sequences given

@@ -9,7 +9,7 @@ MAX_DECODE_SPLITS = 32
 MMA_MAX_WARPS = 16  # attention_decode.cu MMA_MAX_WARPS: warps a block of attn_decode_mma (half at hd 128)
 MMA_WARPS_MANY_ROWS = 4  # warps a block when the rows alone fill the GPU
 MMA_TARGET_BLOCKS = 264  # ~2 blocks a multiprocessor (132 on an H100 / H200)
-MMA_SMEM_BYTES = 48 * 1024  # the merge's dynamic shared memory, without an opt-in attribute
+MMA_SMEM_BYTES = 44 * 1024  # the merge's dynamic shared memory: with q_s (<= 4 KiB) under the 48 KiB default
 
 
 def decode_split(max_seq: int) -> tuple[int, int]:

@@ -189,6 +189,43 @@ def check_attention_decode(ops: Ops, rng, num_kv_heads: int, max_seq: int) -> di
     return compare(to_host(out, dt), ref, TOL[dt])
 
 
+def check_attention_decode_rope(ops: Ops, rng, num_kv_heads: int, max_seq: int) -> dict:
+    """The fused kernel (attention_decode_rope) against rope_qkv then attention_decode on the
+    same inputs: the cache (the new k, v) and the output bit for bit."""
+    dt, hd, g = ops.dtype, ops.head_dim, ops.group
+    num_heads = num_kv_heads * g
+    slots_n, rows = 6, 5
+    _, cache = _random_cache(rng, dt, slots_n, num_kv_heads, max_seq, hd)
+    slots = cp.asarray(rng.permutation(slots_n)[:rows].astype(np.int32))
+    seq_lens = rng.integers(1, max_seq + 1, rows).astype(np.int32)
+    seq_lens[0], seq_lens[1] = 1, max_seq
+    width = (num_heads + 2 * num_kv_heads) * hd
+    qkv = cp.asarray(rng.standard_normal((rows, width)).astype(np.float32))
+    bias = to_gpu(_grid(rng, (width,), dt, 0.1), dt)
+    angles = rng.uniform(0, 2 * np.pi, (max_seq, hd // 2))
+    cos, sin = cp.asarray(np.cos(angles).astype(np.float32)), cp.asarray(np.sin(angles).astype(np.float32))
+    _, nsplit = decode_split(max_seq)
+    outs, caches = [], []
+    for fused in (False, True):
+        c = cache.copy()
+        part_acc = cp.empty((rows, num_kv_heads, nsplit, g, hd), dtype=np.float32)
+        part_ml = cp.empty((rows, num_kv_heads, nsplit, g, 2), dtype=np.float32)
+        out = cp.empty((rows, num_heads * hd), dtype=ops.storage)
+        lens = cp.asarray(seq_lens)
+        if fused:
+            ops.attention_decode_rope(qkv, bias, cos, sin, c, slots, lens, part_acc, part_ml, out)
+        else:
+            q = cp.empty((rows, num_heads * hd), dtype=ops.storage)
+            ops.rope_qkv(qkv, bias, cos, sin, lens - 1, slots, q, c, num_heads, num_kv_heads)
+            ops.attention_decode(q, c, slots, lens, part_acc, part_ml, out)
+        outs.append(to_host(out, dt))
+        caches.append(cp.asnumpy(c.view(np.uint16) if dt != "fp32" else c))
+    same_cache = bool(np.array_equal(caches[0], caches[1]))
+    result = compare(outs[1], outs[0], 0, exact=True)
+    result["ok"] = result["ok"] and same_cache
+    return result
+
+
 def check_attention_prefill(ops: Ops, rng, num_kv_heads: int) -> dict:
     dt, hd, g = ops.dtype, ops.head_dim, ops.group
     num_heads = num_kv_heads * g
@@ -276,6 +313,9 @@ def selftest(dtype: str = "fp16", shapes=((64, 14, 2),), seed: int | None = None
         results[f"rope{tag}"] = check_rope(ops, rng, heads, kv_heads)
         results[f"attention_decode{tag}"] = _merge(check_attention_decode(ops, rng, kv_heads, 300),
                                                    check_attention_decode(ops, rng, kv_heads, 2500))
+        if ops.fused_rope_decode:
+            results[f"attention_decode_rope{tag}"] = _merge(check_attention_decode_rope(ops, rng, kv_heads, 300),
+                                                            check_attention_decode_rope(ops, rng, kv_heads, 2500))
         results[f"attention_prefill{tag}"] = check_attention_prefill(ops, rng, kv_heads)
         ops.close()
     results["sampler"] = check_sampler(rng)
