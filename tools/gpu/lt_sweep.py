@@ -113,12 +113,31 @@ def graph_time(fn, stream, reps=20):
     return 1e3 * float(np.median(ms)) / reps
 
 
+def output_dtype_sweep(ops, stream, rows=64, layers=24):
+    """cublasGemmEx with fp16 against fp32 output (the rounding moved to the next kernel), the
+    weights of 24 layers in turn as in a decode step (so they are not all in L2)."""
+    rng = np.random.default_rng(1)
+    for name, (n, k) in {"qkv": (1152, 896), "wo": (896, 896), "down": (896, 4864)}.items():
+        ws = [cp.asarray((rng.standard_normal((n, k)) * 0.03).astype(np.float16)) for _ in range(layers)]
+        x = cp.asarray(rng.standard_normal((rows, k)).astype(np.float16))
+        line = []
+        for out_t in (np.float16, np.float32):
+            out = cp.empty((rows, n), out_t)
+
+            def run():
+                for w in ws:
+                    ops.gemm(x, w, out)
+            line.append(graph_time(run, stream, reps=1) / layers)
+        print(f"B{rows} {name:5s} rotating {layers} weights: fp16 out {line[0]:.2f} us, fp32 out {line[1]:.2f} us")
+
+
 def main():
     ops = Ops("fp16", 64, 7)
     lt = Lt()
     stream = cp.cuda.Stream(non_blocking=True)
     shapes = {"qkv": (1152, 896, "fp32"), "wo": (896, 896, "fp16"), "gate_up": (9728, 896, "fp16"),
               "down": (896, 4864, "fp16"), "head": (151936, 896, "fp32")}
+    output_dtype_sweep(ops, stream)
     rng = np.random.default_rng(0)
     for rows in (64, 512):
         for name, (n, k, odt) in shapes.items():
