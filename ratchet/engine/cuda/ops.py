@@ -305,6 +305,8 @@ class Ops:
         _check(sin, "rope sin", cos.shape, np.float32)
         if cos.shape[0] < max_seq or cos.shape[1] != hd // 2:
             raise ValueError(f"rope tables {cos.shape} do not cover [{max_seq}, {hd // 2}]")
+        if not _aligned16(cache):
+            raise ValueError("attention cache: must start on a 16-byte boundary (16-byte loads)")
         self._decode_mma(None, cache, slots, seq_lens, part_acc, part_ml, out, (qkv, bias, cos, sin))
 
     def _decode_mma(self, q, cache, slots, seq_lens, part_acc, part_ml, out, rope) -> None:
