@@ -1,7 +1,11 @@
 // SwiGLU: out[r, j] = round(silu(gate[r, j]) * up[r, j]) with gate_up[r] = [gate (F) | up (F)],
 // silu(g) = g / (1 + exp(-g)) in fp32.
 #include "dtype.cuh"
-#include "silu.cuh"
+
+template <class D>
+__device__ __forceinline__ float silu_mul(float g, float u) {
+    return g / (1.0f + expf(-g)) * u;
+}
 
 template <class D>
 __global__ void swiglu(const typename D::T* __restrict__ gate_up, typename D::T* __restrict__ out,
@@ -12,7 +16,7 @@ __global__ void swiglu(const typename D::T* __restrict__ gate_up, typename D::T*
         const long long r = i / inter, j = i - r * inter;
         const float g = D::load(gate_up[r * 2 * inter + j]);
         const float u = D::load(gate_up[r * 2 * inter + inter + j]);
-        out[i] = D::store(silu_mul(g, u));
+        out[i] = D::store(silu_mul<D>(g, u));
     }
 }
 
@@ -33,7 +37,7 @@ __global__ void swiglu_vec(const typename D::T* __restrict__ gate_up, typename D
         unpack16<D>(gv, g);
         unpack16<D>(uv, u);
 #pragma unroll
-        for (int k = 0; k < NV; ++k) g[k] = silu_mul(g[k], u[k]);
+        for (int k = 0; k < NV; ++k) g[k] = silu_mul<D>(g[k], u[k]);
         o[i] = pack16<D>(g);
     }
 }

@@ -58,19 +58,3 @@ def test_tensor_core_instances_only_where_supported():
     mma = {e for e in exprs if e.startswith("attn_decode_mma")}
     assert mma == {"attn_decode_mma<F16, 64, 7>", "attn_decode_mma<BF16, 64, 7>"}
     assert loader.tensor_core_decode("fp16", 128, 16) and not loader.tensor_core_decode("fp32", 64, 7)
-
-
-def test_swiglu_down_constants_match_the_kernel():
-    src = loader.kernel_path("swiglu_down").read_text()
-    for name, value in (("SD_COLS", plan.SD_COLS), ("SD_MAX_KC", plan.SD_MAX_KC), ("SD_ROWS", plan.SD_ROWS)):
-        assert int(re.search(rf"#define {name} (\d+)", src).group(1)) == value
-
-
-def test_swiglu_down_plans_cover_f_in_whole_chunks():
-    for rows, n, f in itertools.product((1, 37, 64), (8, 136, 896, 3584), (32, 96, 512, 4864, 18944)):
-        kc, splits = plan.swiglu_down_plan(rows, n, f)
-        assert kc % 32 == 0 and 32 <= kc <= plan.SD_MAX_KC, (rows, n, f, kc)
-        assert (splits - 1) * kc < f <= splits * kc, (rows, n, f, kc, splits)  # no empty slice
-    assert plan.swiglu_down_plan(64, 896, 4864) == (288, 17)  # Qwen2.5-0.5B: 7 x 17 = 119 blocks, one wave
-    assert plan.swiglu_down_plan(65, 896, 4864) is None  # more rows: cuBLAS
-    assert plan.swiglu_down_plan(64, 896, 4870) is None and plan.swiglu_down_plan(64, 900, 4864) is None

@@ -37,7 +37,6 @@ import numpy as np
 from ratchet.engine.cuda import sampler as gpu_sampler
 from ratchet.engine.cuda import sync
 from ratchet.engine.cuda.ops import STORAGE, Ops, decode_split
-from ratchet.engine.cuda.plan import SD_ROWS, swiglu_down_plan
 from ratchet.engine.sampler import sampling_rows
 from ratchet.model.config import ModelConfig
 from ratchet.model.dtypes import fp32_to_bf16_bits
@@ -72,10 +71,6 @@ class _Workspace:
         self.gu = cp.empty((rows, 2 * cfg.intermediate_size), dtype=storage)
         self.act = cp.empty((rows, cfg.intermediate_size), dtype=storage)
         self.logits = cp.empty((head_rows, cfg.vocab_size), dtype=np.float32)
-        self.down_part = None  # swiglu_down's split sums, decode workspaces of fp16 / bf16 engines
-        plan = swiglu_down_plan(min(rows, SD_ROWS), d, cfg.intermediate_size)
-        if nsplit and storage != np.float32 and plan is not None:
-            self.down_part = cp.empty((plan[1], SD_ROWS, d), dtype=np.float32)
         if nsplit:
             self.part_acc = cp.empty((rows, cfg.num_kv_heads, nsplit, group, hd), dtype=np.float32)
             self.part_ml = cp.empty((rows, cfg.num_kv_heads, nsplit, group, 2), dtype=np.float32)
@@ -197,11 +192,8 @@ class CudaBackend:
             o.gemm(att, wo, proj)
             o.add_rmsnorm(x, proj, mlp_norm, h, eps)
             o.gemm(h, w_gate_up, gu)
-            if ws.down_part is not None and o.fused_swiglu_down(rows, w_down.shape[0], w_down.shape[1]):
-                o.swiglu_down(gu, w_down, proj, ws.down_part)  # decode, <= 64 rows: 2 launches, not 4
-            else:
-                o.swiglu(gu, act)
-                o.gemm(act, w_down, proj)
+            o.swiglu(gu, act)
+            o.gemm(act, w_down, proj)
             o.add_rmsnorm(x, proj, next_norm, h, eps)
 
     def _rope(self, ws: _Workspace, rows: int, layer: int, qkv: cp.ndarray, bias) -> cp.ndarray:

@@ -20,7 +20,7 @@ KERNEL_DIR = Path(os.environ.get("RATCHET_KERNEL_DIR", Path(__file__).resolve().
 
 BASE_OPTIONS = ("-std=c++17",)
 # Element-wise kernels: no fused multiply-add, so each fp32 product and sum rounds on its own.
-NO_FMA = ("rmsnorm", "rope", "swiglu", "swiglu_down", "convert", "embedding", "sampler")
+NO_FMA = ("rmsnorm", "rope", "swiglu", "convert", "embedding", "sampler")
 FORBIDDEN_OPTIONS = ("--use_fast_math", "-use_fast_math")
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
@@ -130,9 +130,6 @@ def expressions(name: str, dtypes=("fp32", "fp16", "bf16"), attn_shapes=((64, 7)
                         for part in ("partial", "combine"))
         return general + tuple(f"attn_decode_mma<{DTYPE_TAGS[d]}, {hd}, {g}>" for d in dtypes
                                for hd, g in attn_shapes if tensor_core_decode(d, hd, g))
-    if name == "swiglu_down":  # tensor cores: fp16 / bf16 only
-        return tuple(f"swiglu_down_{part}<{DTYPE_TAGS[d]}>" for d in dtypes if d != "fp32"
-                     for part in ("partial", "reduce"))
     if name == "attention_prefill":
         return tuple(f"attn_prefill<{t}, {hd}, {g}>" for t in tags for hd, g in attn_shapes)
     entry = {"rmsnorm": ("add_rmsnorm", "add_rmsnorm_warp"), "rope": ("rope_qkv",),

@@ -16,7 +16,7 @@ import cupy as cp
 import numpy as np
 
 from ratchet.engine.cuda import loader
-from ratchet.engine.cuda.plan import DECODE_TILE, SD_COLS, SD_ROWS, decode_split, mma_decode_plan, swiglu_down_plan
+from ratchet.engine.cuda.plan import DECODE_TILE, decode_split, mma_decode_plan
 
 STORAGE = {"fp32": np.float32, "fp16": np.float16, "bf16": np.uint16}  # bf16 as its bit patterns
 TAGS = loader.DTYPE_TAGS
@@ -148,11 +148,6 @@ class Ops:
         self.f_decode_partial, self.f_decode_combine = fn["attn_decode_partial"], fn["attn_decode_combine"]
         self.f_prefill = fn["attn_prefill"]
         self.f_decode_mma = fn.get("attn_decode_mma")  # tensor cores where the shape allows
-        self.f_sd_partial = self.f_sd_reduce = None  # swiglu_down.cu: fp16 / bf16
-        if dtype != "fp32":
-            sd = loader.load("swiglu_down", loader.expressions("swiglu_down", (dtype,)))
-            self.f_sd_partial = sd.get_function(f"swiglu_down_partial<{TAGS[dtype]}>")
-            self.f_sd_reduce = sd.get_function(f"swiglu_down_reduce<{TAGS[dtype]}>")
         convert_module = loader.load("convert", loader.expressions("convert"))
         self.f_convert = {"fp16": convert_module.get_function("convert_f32<0>"),
                           "bf16": convert_module.get_function("convert_f32<1>")}
@@ -256,32 +251,6 @@ class Ops:
         else:
             grid = min(-(-n // 256), 132 * 16)
             self.f_swiglu((grid,), (256,), (gate_up, out, _i32(rows), _i32(two_f // 2)))
-
-    def fused_swiglu_down(self, rows: int, n: int, f: int) -> bool:
-        """Whether swiglu_down applies: fp16 / bf16, at most 64 rows, F % 32 == 0, N % 8 == 0."""
-        return self.f_sd_partial is not None and swiglu_down_plan(rows, n, f) is not None
-
-    def swiglu_down(self, gate_up: cp.ndarray, w: cp.ndarray, out: cp.ndarray, part: cp.ndarray) -> None:
-        """out = round(round(silu(gate) * up) @ w^T) for gate_up [rows, 2F], w [N, F]: the
-        decode step's swiglu then down projection in two launches (swiglu_down.cu); part is
-        fp32 scratch of at least [splits, 64, N] (see plan.swiglu_down_plan)."""
-        rows, two_f = gate_up.shape
-        n, f = w.shape[0], two_f // 2
-        plan = swiglu_down_plan(rows, n, f)
-        if self.f_sd_partial is None or plan is None:
-            raise ValueError(f"swiglu_down: not for {self.dtype}, {rows} rows, N {n}, F {f}")
-        kc, splits = plan
-        _check(gate_up, "swiglu_down gate_up", (rows, 2 * f), self.storage)
-        _check(w, "swiglu_down w", (n, f), self.storage)
-        _check(out, "swiglu_down out", (rows, n), self.storage)
-        _check(part, "swiglu_down part", dtype=np.float32)
-        if part.size < splits * SD_ROWS * n:
-            raise ValueError(f"swiglu_down: part holds {part.size} floats, needs {splits * SD_ROWS * n}")
-        if not _aligned16(gate_up, w):
-            raise ValueError("swiglu_down: gate_up and w must start on 16-byte boundaries")
-        self.f_sd_partial((-(-n // SD_COLS), splits), (256,), (gate_up, w, part, _i32(rows), _i32(n), _i32(f),
-                                                               _i32(kc)))
-        self.f_sd_reduce((-(-(rows * n) // 256),), (256,), (part, out, _i32(rows), _i32(n), _i32(splits)))
 
     # ---------------------------------------------------------------- attention
 

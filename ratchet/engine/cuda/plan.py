@@ -9,8 +9,6 @@ MAX_DECODE_SPLITS = 32
 MMA_MAX_WARPS = 16  # attention_decode.cu MMA_MAX_WARPS: warps a block of attn_decode_mma (half at hd 128)
 MMA_WARPS_MANY_ROWS = 4  # warps a block when the rows alone fill the GPU
 MMA_TARGET_BLOCKS = 264  # ~2 blocks a multiprocessor (132 on an H100 / H200)
-SD_COLS, SD_MAX_KC, SD_ROWS = 128, 288, 64  # swiglu_down.cu: columns a block, F a block at most, rows
-SD_TARGET_BLOCKS = 120  # one wave on 132 multiprocessors
 MMA_SMEM_BYTES = 44 * 1024  # the merge's dynamic shared memory: with q_s (<= 4 KiB) under the 48 KiB default
 
 
@@ -41,16 +39,3 @@ def mma_decode_plan(rows: int, num_kv_heads: int, max_seq: int, head_dim: int, g
         nsplit = max(1, min(-(-MMA_TARGET_BLOCKS // pairs), capacity, -(-tiles // warps)))
     split_len = -(-tiles // nsplit) * tile
     return warps, split_len, -(-max_seq // split_len)
-
-
-def swiglu_down_plan(rows: int, n: int, f: int) -> tuple[int, int] | None:
-    """(kc, splits) for swiglu_down.cu: F cut into `splits` slices of kc (a multiple of 32, at
-    most SD_MAX_KC) so that (column blocks x splits) is about one wave; None where the fused
-    kernel does not apply (more than SD_ROWS rows, F not a multiple of 32, N not of 8)."""
-    if not 0 < rows <= SD_ROWS or f % 32 or n % 8:
-        return None
-    chunks = f // 32
-    col_blocks = -(-n // SD_COLS)
-    want = max(1, SD_TARGET_BLOCKS // col_blocks)
-    per_split = min(SD_MAX_KC // 32, max(1, -(-chunks // want)))
-    return 32 * per_split, -(-chunks // per_split)

@@ -139,30 +139,6 @@ def check_swiglu(ops: Ops, rng) -> dict:
     return compare(to_host(out, dt), ref, TOL[dt])
 
 
-def check_swiglu_down(ops: Ops, rng) -> dict:
-    """The fused decode MLP down projection against NumPy (act rounded, fp64 product, rounded)
-    and against the unfused pair (swiglu, gemm) on the GPU."""
-    from ratchet.engine.cuda.plan import SD_ROWS, swiglu_down_plan
-
-    dt = ops.dtype
-    results = []
-    for rows, n, f in ((64, 896, 4864), (37, 896, 4864), (1, 256, 512), (50, 136, 96)):
-        gu, w = _grid(rng, (rows, 2 * f), dt, 2.0), _grid(rng, (n, f), dt, 0.05)
-        act = round_to(silu_mul(gu[:, :f], gu[:, f:]), dt)
-        ref = round_to((act.astype(np.float64) @ w.astype(np.float64).T).astype(np.float32), dt)
-        part = cp.empty((swiglu_down_plan(rows, n, f)[1], SD_ROWS, n), dtype=np.float32)
-        out = cp.empty((rows, n), dtype=ops.storage)
-        gu_d, w_d = to_gpu(gu, dt), to_gpu(w, dt)
-        ops.swiglu_down(gu_d, w_d, out, part)
-        got = to_host(out, dt)
-        results.append(compare(got, ref, TOL[dt]))
-        act_d, pair = cp.empty((rows, f), dtype=ops.storage), cp.empty((rows, n), dtype=ops.storage)
-        ops.swiglu(gu_d, act_d)
-        ops.gemm(act_d, w_d, pair)
-        results.append(compare(got, to_host(pair, dt), TOL[dt]))
-    return _merge(*results)
-
-
 def check_gemm(ops: Ops, rng) -> dict:
     dt = ops.dtype
     results = []
@@ -334,8 +310,6 @@ def selftest(dtype: str = "fp16", shapes=((64, 14, 2),), seed: int | None = None
             results["rmsnorm"] = check_rmsnorm(ops, rng)
             results["swiglu"] = check_swiglu(ops, rng)
             results["gemm"] = check_gemm(ops, rng)
-            if ops.f_sd_partial is not None:
-                results["swiglu_down"] = check_swiglu_down(ops, rng)
         results[f"rope{tag}"] = check_rope(ops, rng, heads, kv_heads)
         results[f"attention_decode{tag}"] = _merge(check_attention_decode(ops, rng, kv_heads, 300),
                                                    check_attention_decode(ops, rng, kv_heads, 2500))
