@@ -9,6 +9,7 @@
 //   part_acc [rows, K, nsplit, G, HD], part_ml [rows, K, nsplit, G, 2]   (fp32)
 // Scores are fp32 dot products times `scale`; softmax and the weighted sum of V in fp32.
 #include "dtype.cuh"
+#include "rope.cuh"
 
 #define TILE 64     // positions per tile == threads per block
 #define PV_BATCH 8  // V rows a thread loads ahead in the weighted sum
@@ -185,8 +186,8 @@ __global__ void attn_decode_combine(const float* __restrict__ part_acc, const fl
 // RoPE can come fused (qkv != null): the block rounds q + bias and rotates its group's query
 // heads into shared memory, and the split that holds the new position (seq_lens[r] - 1) also
 // writes that position's k (rotated) and v into the cache before its warps read it; the
-// arithmetic is rope.cu's, operation for operation without contraction, so q and the cache
-// hold the same bits as after rope_qkv. The cache is then read with coherent loads (no
+// arithmetic is rope.cu's (both call rope.cuh), so q and the cache hold the same bits as
+// after rope_qkv. The cache is then read with coherent loads (no
 // __restrict__ / const: the read-only path does not see a kernel's own writes).
 // A block of W warps (W = blockDim.x / 32, at most MMA_MAX_WARPS, half that at head_dim 128
 // so that the registers of a thread need not spill) takes one split of (row,
@@ -286,20 +287,9 @@ attn_decode_mma(const typename D::T* __restrict__ q, typename D::T* cache,
             const int head = hh < G ? g * G + hh : num_heads + (hh - G) * num_kv_heads + g;
             const int c0 = head * HD + i, c1 = c0 + HALF;
             float a = x[c0], b = x[c1];
-            if (bias != nullptr) {
-                a = __fadd_rn(a, D::load(bias[c0]));
-                b = __fadd_rn(b, D::load(bias[c1]));
-            }
-            a = D::load(D::store(a));
-            b = D::load(D::store(b));
-            if (hh <= G) {  // q and k rotate, v does not
-                const float c = cos_table[(long long)pos * HALF + i];
-                const float sn = sin_table[(long long)pos * HALF + i];
-                const float a2 = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, sn));
-                const float b2 = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, sn));
-                a = a2;
-                b = b2;
-            }
+            bias_round<D>(a, b, bias, c0, c1);
+            if (hh <= G)  // q and k rotate, v does not
+                rotate_pair(a, b, cos_table[(long long)pos * HALF + i], sin_table[(long long)pos * HALF + i]);
             if (hh < G) {
                 q_s[hh][i] = D::store(a);
                 q_s[hh][i + HALF] = D::store(b);

@@ -8,6 +8,7 @@
 // RoPE in HF's rotate-half form with fp32 cos/sin tables [max_seq, hd/2]:
 //   x'[i] = x[i] cos - x[i + hd/2] sin,  x'[i + hd/2] = x[i + hd/2] cos + x[i] sin.
 #include "dtype.cuh"
+#include "rope.cuh"
 
 template <class D>
 __global__ void rope_qkv(const float* __restrict__ qkv, const typename D::T* __restrict__ bias,
@@ -26,20 +27,9 @@ __global__ void rope_qkv(const float* __restrict__ qkv, const typename D::T* __r
         const int head = p / half, i = p - head * half;  // head over q, k, v heads in turn
         const int c0 = head * head_dim + i, c1 = c0 + half;
         float a = x[c0], b = x[c1];
-        if (bias != nullptr) {
-            a += D::load(bias[c0]);
-            b += D::load(bias[c1]);
-        }
-        a = D::load(D::store(a));
-        b = D::load(D::store(b));
-        if (head < num_heads + num_kv_heads) {
-            const float c = cos_table[(long long)pos * half + i];
-            const float s = sin_table[(long long)pos * half + i];
-            const float a2 = a * c - b * s;
-            const float b2 = b * c + a * s;
-            a = a2;
-            b = b2;
-        }
+        bias_round<D>(a, b, bias, c0, c1);
+        if (head < num_heads + num_kv_heads)
+            rotate_pair(a, b, cos_table[(long long)pos * half + i], sin_table[(long long)pos * half + i]);
         if (head < num_heads) {
             typename D::T* dst = q_out + (long long)r * num_heads * head_dim + head * head_dim;
             dst[i] = D::store(a);

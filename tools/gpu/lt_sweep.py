@@ -12,6 +12,7 @@ import ctypes
 import cupy as cp
 import numpy as np
 
+from ratchet.engine.cuda.bench import Events
 from ratchet.engine.cuda.ops import CUBLAS_COMPUTE_32F, CUDA_R, Ops
 
 TRANSA, TRANSB, PREF_MAX_WORKSPACE = 3, 4, 1
@@ -102,15 +103,11 @@ def graph_time(fn, stream, reps=20):
         g = stream.end_capture()
     g.launch(stream)
     stream.synchronize()
-    ms = []
+    ev = Events()
     for _ in range(10):
-        s, e = cp.cuda.Event(), cp.cuda.Event()
-        s.record(stream)
-        g.launch(stream)
-        e.record(stream)
-        e.synchronize()
-        ms.append(cp.cuda.get_elapsed_time(s, e))
-    return 1e3 * float(np.median(ms)) / reps
+        with ev.time(stream):
+            g.launch(stream)
+    return 1e3 * float(np.median(ev.ms)) / reps
 
 
 def output_dtype_sweep(ops, stream, rows=64, layers=24):

@@ -213,6 +213,17 @@ class Ops:
             self.f_rmsnorm((rows,), (256,), (residual, _ptr(delta), weight, out, _i32(dim), np.float32(eps)),
                            shared_mem=4 * dim)
 
+    def _check_rope_inputs(self, qkv, bias, cos, sin, width: int, max_seq: int) -> None:
+        """qkv fp32 [rows, width], bias [width] or None, cos/sin fp32 tables covering max_seq."""
+        hd = self.head_dim
+        _check(qkv, "rope qkv", (qkv.shape[0], width), np.float32)
+        if bias is not None:
+            _check(bias, "rope bias", (width,), self.storage)
+        _check(cos, "rope cos", dtype=np.float32)
+        _check(sin, "rope sin", cos.shape, np.float32)
+        if cos.shape[0] < max_seq or cos.shape[1] != hd // 2:
+            raise ValueError(f"rope tables {cos.shape} do not cover [{max_seq}, {hd // 2}]")
+
     def rope_qkv(self, qkv: cp.ndarray, bias: cp.ndarray | None, cos: cp.ndarray, sin: cp.ndarray,
                  positions: cp.ndarray, slots: cp.ndarray, q_out: cp.ndarray, cache: cp.ndarray,
                  num_heads: int, num_kv_heads: int) -> None:
@@ -221,13 +232,7 @@ class Ops:
         rows = qkv.shape[0]
         width = (num_heads + 2 * num_kv_heads) * hd
         max_seq = cache.shape[3]
-        _check(qkv, "rope qkv", (rows, width), np.float32)
-        if bias is not None:
-            _check(bias, "rope bias", (width,), self.storage)
-        _check(cos, "rope cos", dtype=np.float32)
-        _check(sin, "rope sin", cos.shape, np.float32)
-        if cos.shape[0] < max_seq or cos.shape[1] != hd // 2:
-            raise ValueError(f"rope tables {cos.shape} do not cover [{max_seq}, {hd // 2}]")
+        self._check_rope_inputs(qkv, bias, cos, sin, width, max_seq)
         _check(positions, "rope positions", (rows,), np.int32)
         _check(slots, "rope slots", (rows,), np.int32)
         _check(q_out, "rope q_out", (rows, num_heads * hd), self.storage)
@@ -259,15 +264,9 @@ class Ops:
         """One query row per sequence; part_acc [rows, K, nsplit, G, hd], part_ml [rows, K, nsplit, G, 2]."""
         hd, g = self.head_dim, self.group
         rows = q.shape[0]
-        num_kv_heads, max_seq = cache.shape[2], cache.shape[3]
-        split_len, nsplit = decode_split(max_seq)
-        _check(q, "attention q", (rows, num_kv_heads * g * hd), self.storage)
-        _check(cache, "attention cache", (cache.shape[0], 2, num_kv_heads, max_seq, hd), self.storage)
-        _check(slots, "attention slots", (rows,), np.int32)
-        _check(seq_lens, "attention seq_lens", (rows,), np.int32)
-        _check(part_acc, "attention part_acc", (rows, num_kv_heads, nsplit, g, hd), np.float32)
-        _check(part_ml, "attention part_ml", (rows, num_kv_heads, nsplit, g, 2), np.float32)
-        _check(out, "attention out", q.shape, self.storage)
+        _check(q, "attention q", (rows, cache.shape[2] * g * hd), self.storage)
+        num_kv_heads, max_seq, split_len, nsplit = self._check_decode_buffers(cache, slots, seq_lens, part_acc,
+                                                                              part_ml, out)
         if not rows:
             return
         scale = np.float32(1.0 / math.sqrt(hd))
@@ -280,6 +279,21 @@ class Ops:
         self.f_decode_combine((rows, num_kv_heads * g), (hd,),
                               (part_acc, part_ml, seq_lens, out, _i32(num_kv_heads), _i32(split_len),
                                _i32(nsplit)))
+
+    def _check_decode_buffers(self, cache, slots, seq_lens, part_acc, part_ml, out) -> tuple[int, int, int, int]:
+        """The decode attention's cache, row indices, split scratch and output for out's rows;
+        returns (num_kv_heads, max_seq, split_len, nsplit), the scratch's splits."""
+        hd, g = self.head_dim, self.group
+        rows = out.shape[0]
+        num_kv_heads, max_seq = cache.shape[2], cache.shape[3]
+        split_len, nsplit = decode_split(max_seq)
+        _check(cache, "attention cache", (cache.shape[0], 2, num_kv_heads, max_seq, hd), self.storage)
+        _check(slots, "attention slots", (rows,), np.int32)
+        _check(seq_lens, "attention seq_lens", (rows,), np.int32)
+        _check(part_acc, "attention part_acc", (rows, num_kv_heads, nsplit, g, hd), np.float32)
+        _check(part_ml, "attention part_ml", (rows, num_kv_heads, nsplit, g, 2), np.float32)
+        _check(out, "attention out", (rows, num_kv_heads * g * hd), self.storage)
+        return num_kv_heads, max_seq, split_len, nsplit
 
     @property
     def fused_rope_decode(self) -> bool:
@@ -295,33 +309,21 @@ class Ops:
         if not self.fused_rope_decode:
             raise ValueError(f"cuda ops: no fused RoPE decode for {self.dtype}, head_dim {self.head_dim}, "
                              f"group {self.group}")
-        hd = self.head_dim
-        rows = qkv.shape[0]
-        num_kv_heads, max_seq = cache.shape[2], cache.shape[3]
-        _check(qkv, "attention qkv", (rows, (num_kv_heads * (self.group + 2)) * hd), np.float32)
-        if bias is not None:
-            _check(bias, "attention bias", (qkv.shape[1],), self.storage)
-        _check(cos, "rope cos", dtype=np.float32)
-        _check(sin, "rope sin", cos.shape, np.float32)
-        if cos.shape[0] < max_seq or cos.shape[1] != hd // 2:
-            raise ValueError(f"rope tables {cos.shape} do not cover [{max_seq}, {hd // 2}]")
+        num_kv_heads, max_seq, _, _ = self._check_decode_buffers(cache, slots, seq_lens, part_acc, part_ml, out)
+        if qkv.shape[0] != out.shape[0]:
+            raise ValueError(f"attention qkv: {qkv.shape[0]} rows, out has {out.shape[0]}")
+        self._check_rope_inputs(qkv, bias, cos, sin, num_kv_heads * (self.group + 2) * self.head_dim, max_seq)
         if not _aligned16(cache):
             raise ValueError("attention cache: must start on a 16-byte boundary (16-byte loads)")
-        self._decode_mma(None, cache, slots, seq_lens, part_acc, part_ml, out, (qkv, bias, cos, sin))
+        if out.shape[0]:
+            self._decode_mma(None, cache, slots, seq_lens, part_acc, part_ml, out, (qkv, bias, cos, sin))
 
     def _decode_mma(self, q, cache, slots, seq_lens, part_acc, part_ml, out, rope) -> None:
+        """attn_decode_mma (and the combine when the plan splits), on checked arguments."""
         hd, g = self.head_dim, self.group
         rows = out.shape[0]
         num_kv_heads, max_seq = cache.shape[2], cache.shape[3]
-        _, nsplit = decode_split(max_seq)
-        _check(cache, "attention cache", (cache.shape[0], 2, num_kv_heads, max_seq, hd), self.storage)
-        _check(slots, "attention slots", (rows,), np.int32)
-        _check(seq_lens, "attention seq_lens", (rows,), np.int32)
-        _check(part_acc, "attention part_acc", (rows, num_kv_heads, nsplit, g, hd), np.float32)
-        _check(part_ml, "attention part_ml", (rows, num_kv_heads, nsplit, g, 2), np.float32)
-        _check(out, "attention out", (rows, num_kv_heads * g * hd), self.storage)
-        if not rows:
-            return
+        nsplit = part_acc.shape[2]
         qkv, bias, cos, sin = rope if rope is not None else (None, None, None, None)
         warps, split_len, used = mma_decode_plan(rows, num_kv_heads, max_seq, hd, g, nsplit)
         self.f_decode_mma((used, num_kv_heads, rows), (32 * warps,),
