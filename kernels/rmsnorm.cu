@@ -1,21 +1,35 @@
 // Fused residual add + RMSNorm, one block per row, fp32 arithmetic:
-//   residual = round(residual + delta)          (only when `delta` is given)
+//   residual = round(residual + delta)          (only when a delta is given)
 //   out      = round(residual / sqrt(mean(residual^2) + eps) * weight)
 // The sum runs over the rounded residual, as the NumPy backend does.
+//
+// The delta is either `delta` (a product's output in the storage type) or the product itself
+// as `nparts` fp32 slices [nparts, rows, dim] of a split-K product (ops.gemm_split): they are
+// summed in slice order and rounded to the storage, the value the product would have stored,
+// so the split's reduction costs no kernel of its own.
 #include "dtype.cuh"
 
 template <class D>
 __global__ void add_rmsnorm(typename D::T* __restrict__ residual, const typename D::T* __restrict__ delta,
-                            const typename D::T* __restrict__ weight, typename D::T* __restrict__ out,
-                            int dim, float eps) {
+                            const float* __restrict__ parts, int nparts, const typename D::T* __restrict__ weight,
+                            typename D::T* __restrict__ out, int dim, float eps) {
     extern __shared__ float row[];  // [dim]
     __shared__ float partial[32];
     const long long base = (long long)blockIdx.x * dim;
+    const long long part_stride = (long long)gridDim.x * dim;
     float ss = 0.f;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
         float x = D::load(residual[base + i]);
-        if (delta != nullptr) {
-            typename D::T r = D::store(x + D::load(delta[base + i]));
+        if (delta != nullptr || nparts > 0) {
+            float d;
+            if (nparts > 0) {
+                d = parts[base + i];
+                for (int p = 1; p < nparts; ++p) d += parts[p * part_stride + base + i];
+                d = D::load(D::store(d));
+            } else {
+                d = D::load(delta[base + i]);
+            }
+            typename D::T r = D::store(x + d);
             residual[base + i] = r;
             x = D::load(r);
         }
@@ -38,32 +52,46 @@ __global__ void add_rmsnorm(typename D::T* __restrict__ residual, const typename
         out[base + i] = D::store(row[i] * inv * D::load(weight[i]));
 }
 
-// The same, one warp per row (4 rows a block of 128 threads), for rows that fit in the
+// The same, one warp per row (blockDim.x / 32 rows a block), for rows that fit in the
 // registers of a warp: dim % (16 / sizeof(T)) == 0 and dim <= 32 * RMS_VPL * (16 / sizeof(T)).
-// Every load (residual, delta, weight) is issued before any use, 16 bytes at a time, and the
-// only reduction is a warp's shuffle: no shared memory, no block barrier.
+// Every load (residual, delta or the P slices, weight) is issued before any use, 16 bytes at a
+// time, and the only reduction is a warp's shuffle: no shared memory, no block barrier.
+// P = 0: `delta` (or none); P > 0: the delta is the in-order sum of P fp32 slices `parts`.
 #define RMS_VPL 4  // 16-byte vectors per lane: 1024 values of a 16-bit type, 512 of fp32
 
-template <class D>
+template <class D, int P>
 __global__ void __launch_bounds__(128)
 add_rmsnorm_warp(typename D::T* __restrict__ residual, const typename D::T* __restrict__ delta,
-                 const typename D::T* __restrict__ weight, typename D::T* __restrict__ out, int rows, int dim,
-                 float eps) {
+                 const float* __restrict__ parts, const typename D::T* __restrict__ weight,
+                 typename D::T* __restrict__ out, int rows, int dim, float eps) {
     constexpr int NV = Vec16<D>::N;
+    constexpr int PV = P > 0 ? P : 1;  // slices held (one unused when P == 0)
+    constexpr int F4 = NV / 4;         // float4 loads of one slice a vector
     const int lane = threadIdx.x & 31;
-    const int r = blockIdx.x * 4 + (threadIdx.x >> 5);
+    const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (r >= rows) return;
     const int nvec = dim / NV;
+    const bool add = P > 0 || delta != nullptr;
     uint4* res = reinterpret_cast<uint4*>(residual + (long long)r * dim);
     const uint4* del = reinterpret_cast<const uint4*>(delta + (long long)r * dim);
+    const float4* part = reinterpret_cast<const float4*>(parts + (long long)r * dim);
+    const long long part_stride = (long long)rows * dim / 4;  // float4s between slices
     const uint4* w4 = reinterpret_cast<const uint4*>(weight);
     uint4 xv[RMS_VPL], dv[RMS_VPL], wv[RMS_VPL];
+    float4 pv[RMS_VPL][PV][F4];
 #pragma unroll
     for (int i = 0; i < RMS_VPL; ++i) {
         const int k = lane + 32 * i;
         if (k < nvec) {
             xv[i] = res[k];
-            if (delta != nullptr) dv[i] = del[k];
+            if (P > 0) {
+#pragma unroll
+                for (int p = 0; p < PV; ++p)
+#pragma unroll
+                    for (int f = 0; f < F4; ++f) pv[i][p][f] = part[p * part_stride + (long long)k * F4 + f];
+            } else if (delta != nullptr) {
+                dv[i] = del[k];
+            }
             wv[i] = w4[k];
         }
     }
@@ -74,9 +102,23 @@ add_rmsnorm_warp(typename D::T* __restrict__ residual, const typename D::T* __re
         if (k < nvec) {
             float x[NV];
             unpack16<D>(xv[i], x);
-            if (delta != nullptr) {
+            if (add) {
                 float d[NV];
-                unpack16<D>(dv[i], d);
+                if (P > 0) {
+#pragma unroll
+                    for (int f = 0; f < F4; ++f) {
+                        float4 s = pv[i][0][f];
+#pragma unroll
+                        for (int p = 1; p < PV; ++p) {
+                            s.x += pv[i][p][f].x; s.y += pv[i][p][f].y;
+                            s.z += pv[i][p][f].z; s.w += pv[i][p][f].w;
+                        }
+                        d[4 * f] = s.x; d[4 * f + 1] = s.y; d[4 * f + 2] = s.z; d[4 * f + 3] = s.w;
+                    }
+                    unpack16<D>(pack16<D>(d), d);  // the product's output, rounded to the storage
+                } else {
+                    unpack16<D>(dv[i], d);
+                }
 #pragma unroll
                 for (int j = 0; j < NV; ++j) x[j] += d[j];
                 xv[i] = pack16<D>(x);  // rounded to the storage

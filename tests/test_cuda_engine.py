@@ -137,10 +137,16 @@ def _pair(kind: str, dtype: str, max_batch: int = 8, max_seq: int = 256):
     return cfg, weights, cuda, ref
 
 
+@pytest.mark.parametrize("split", [(), ("wo", "w_down")], ids=["cublas", "split-k"])
 @pytest.mark.parametrize("kind", ["a", "b"])
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
-def test_backend_matches_numpy_backend(kind, dtype):
+def test_backend_matches_numpy_backend(kind, dtype, split):
+    from ratchet.engine.cuda.plan import split_k
+
     cfg, _, cuda, ref = _pair(kind, dtype)
+    cuda.split_products = split  # decode steps: wo / w_down split along K, summed by add_rmsnorm
+    if split:
+        assert split_k(4, cfg.num_heads * cfg.head_dim) and split_k(4, cfg.intermediate_size)
     rng = np.random.default_rng(3)
     slots = [5, 0, 3, 6]
     prompts = [rng.integers(0, cfg.vocab_size, n).tolist() for n in (1, 70, 129, 17)]

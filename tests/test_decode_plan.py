@@ -58,3 +58,16 @@ def test_tensor_core_instances_only_where_supported():
     mma = {e for e in exprs if e.startswith("attn_decode_mma")}
     assert mma == {"attn_decode_mma<F16, 64, 7>", "attn_decode_mma<BF16, 64, 7>"}
     assert loader.tensor_core_decode("fp16", 128, 16) and not loader.tensor_core_decode("fp32", 64, 7)
+
+
+def test_split_k_plan_and_its_kernel_instance():
+    """The optional split-K decode products (plan.split_k): Qwen2.5-0.5B's wo (K 896) and
+    w_down (K 4864) split in SPLIT_K slices of a multiple of 8 up to SPLIT_K_MAX_ROWS rows, and
+    rmsnorm.cu is instantiated for that many slices."""
+    assert plan.split_k(64, 896) == plan.split_k(1, 4864) == plan.SPLIT_K
+    assert plan.split_k(plan.SPLIT_K_MAX_ROWS + 1, 896) == 0  # big buckets: cuBLAS's own product
+    assert plan.split_k(64, 100) == 0  # 25-wide slices would break 16-byte alignment
+    for k in (896, 4864, 320, 512):
+        s = plan.split_k(8, k)
+        assert s and k % s == 0 and (k // s) % 8 == 0
+    assert f"add_rmsnorm_warp<F16, {plan.SPLIT_K}>" in loader.expressions("rmsnorm")

@@ -140,3 +140,21 @@ def test_tokens_do_not_depend_on_the_batch():
 def test_sample_rejects_nonpositive_temperature():
     with pytest.raises(ValueError, match="temperature"):
         sample(np.zeros((1, 4), np.float32), [0], [0], [0], [0.0], [False])
+
+
+@pytest.mark.parametrize("temps,greedy,ok", [
+    ([1.0, 0.0], [False, True], True),        # T = 0 is fine on a greedy row
+    ([1.0, 0.0], [False, False], False),
+    ([1.0, -1.0], [False, False], False),
+    ([float("nan"), 1.0], [False, False], False),  # NaN is no temperature
+    ([float("nan"), 1.0], [True, False], True),
+])
+def test_sampling_rows_checks_only_the_rows_that_sample(temps, greedy, ok):
+    from ratchet.engine.sampler import sampling_rows
+
+    if ok:
+        t, g = sampling_rows(temps, greedy, 2)
+        assert t.dtype == np.float32 and g.dtype == bool
+    else:
+        with pytest.raises(ValueError, match="temperature must be > 0"):
+            sampling_rows(temps, greedy, 2)

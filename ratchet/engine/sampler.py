@@ -54,7 +54,8 @@ def sampling_rows(temperatures, greedy, n: int, caller: str = "sample") -> tuple
     Shared by every sampler (NumPy, CUDA) so they take and refuse the same arguments."""
     temperatures = np.asarray(temperatures, dtype=np.float32).reshape(n)
     greedy = np.asarray(greedy, dtype=bool).reshape(n)
-    if np.any(temperatures[~greedy] <= 0):
+    positive = temperatures > 0  # False for NaN too
+    if not positive.all() and not (positive | greedy).all():  # the common case costs one test
         raise ValueError(f"{caller}: temperature must be > 0 for non-greedy rows")
     return temperatures, greedy
 

@@ -37,6 +37,7 @@ import numpy as np
 from ratchet.engine.cuda import sampler as gpu_sampler
 from ratchet.engine.cuda import sync
 from ratchet.engine.cuda.ops import STORAGE, Ops, decode_split
+from ratchet.engine.cuda.plan import SPLIT_K, SPLIT_K_MAX_ROWS, split_k
 from ratchet.engine.sampler import sampling_rows
 from ratchet.model.config import ModelConfig
 from ratchet.model.dtypes import fp32_to_bf16_bits
@@ -46,6 +47,7 @@ PREFILL_CHUNK = 4096  # rows per prefill pass: bounds the activation buffers
 # int32 fields of a decode step's one upload: the model's inputs, then the sampler's params
 TOKENS, SLOTS, POSITIONS, SEQ_LENS, PARAMS = 0, 1, 2, 3, 4
 NUM_FIELDS = 9
+H2D, D2H = 1, 2  # cudaMemcpyKind
 
 
 def buckets_for(max_batch_size: int) -> list[int]:
@@ -75,6 +77,8 @@ class _Workspace:
             self.part_acc = cp.empty((rows, cfg.num_kv_heads, nsplit, group, hd), dtype=np.float32)
             self.part_ml = cp.empty((rows, cfg.num_kv_heads, nsplit, group, 2), dtype=np.float32)
             self.sample_work = gpu_sampler.workspace(rows)
+            # split-K slices of wo / w_down (flat: a bucket's [S, b, d] view is contiguous)
+            self.parts = cp.empty(SPLIT_K * min(rows, SPLIT_K_MAX_ROWS) * d, dtype=np.float32)
         self.out = cp.zeros((2, rows), dtype=np.int32)  # sampled tokens, logprobs (float32 bits)
 
 
@@ -104,9 +108,16 @@ class CudaBackend:
             self.gumbel = gpu_sampler.gumbel_table()
         self.stream.synchronize()
         self.kv_layers = [self.kv[i] for i in range(cfg.num_layers)]
-        self.host_ints = cp.cuda.alloc_pinned_memory(NUM_FIELDS * self.buckets[-1] * 4)
-        self.host_ints_np = np.frombuffer(self.host_ints, np.int32, NUM_FIELDS * self.buckets[-1]).reshape(
-            NUM_FIELDS, self.buckets[-1])
+        # pinned host twins of dec.ints and dec.out, copied by one raw async copy each way
+        # around the graph (as the graph's first and last nodes instead: no faster on the H200)
+        width = self.buckets[-1]
+        self.host_ints = cp.cuda.alloc_pinned_memory(NUM_FIELDS * width * 4)
+        self.host_ints_np = np.frombuffer(self.host_ints, np.int32, NUM_FIELDS * width).reshape(NUM_FIELDS, width)
+        self.host_out = cp.cuda.alloc_pinned_memory(2 * width * 4)
+        self.host_out_np = np.frombuffer(self.host_out, np.int32, 2 * width).reshape(2, width)
+        self._step_in_flight = False  # a step launched and not yet waited for (it may still read host_ints)
+        # decode products run split along K (plan.split_k), e.g. ("wo", "w_down"); off: see plan.py
+        self.split_products: tuple[str, ...] = ()
         self.weights: dict[str, cp.ndarray] = {}
         self.weight_sync: sync.WeightSync | None = None  # the buffers' pointers, once they exist
         self.graphs: dict[tuple[int, bool], object] = {}
@@ -178,23 +189,34 @@ class CudaBackend:
 
     # ---------------------------------------------------------------- forward
 
-    def _forward(self, ws: _Workspace, rows: int, attention) -> None:
-        """Rows' hidden states through every layer; leaves the final norm's output in ws.h."""
-        o, eps = self.ops, self.cfg.rms_norm_eps
+    def _forward(self, ws: _Workspace, rows: int, attention, split: tuple[str, ...] = ()) -> None:
+        """Rows' hidden states through every layer; leaves the final norm's output in ws.h.
+        split: of "wo", "w_down", those run as split-K products (plan.split_k) whose slices
+        the next add_rmsnorm sums (decode buckets)."""
+        o, eps, cfg = self.ops, self.cfg.rms_norm_eps, self.cfg
         tokens = ws.ints[TOKENS, :rows]
         x, h, qkv, att = ws.x[:rows], ws.h[:rows], ws.qkv[:rows], ws.att[:rows]
         proj, gu, act = ws.proj[:rows], ws.gu[:rows], ws.act[:rows]
+
+        def project_add_norm(name, inp, w, norm_weight):  # x += inp @ w^T (rounded); h = norm(x)
+            s = split_k(rows, inp.shape[1]) if name in split else 0
+            if s:
+                parts = ws.parts[:s * rows * cfg.hidden_size].reshape(s, rows, cfg.hidden_size)
+                o.gemm_split(inp, w, parts)
+                o.add_rmsnorm(x, None, norm_weight, h, eps, parts=parts)
+            else:
+                o.gemm(inp, w, proj)
+                o.add_rmsnorm(x, proj, norm_weight, h, eps)
+
         o.embedding(tokens, self.weights["embed.weight"], x)
         o.add_rmsnorm(x, None, self.weights["layers.0.attn_norm.weight"], h, eps)
         for layer, (wqkv, bias, wo, mlp_norm, w_gate_up, w_down, next_norm) in enumerate(self.layer_weights):
             o.gemm(h, wqkv, qkv)
             attention(layer, qkv, bias, att)  # RoPE (k, v into the cache) and attention
-            o.gemm(att, wo, proj)
-            o.add_rmsnorm(x, proj, mlp_norm, h, eps)
+            project_add_norm("wo", att, wo, mlp_norm)
             o.gemm(h, w_gate_up, gu)
             o.swiglu(gu, act)
-            o.gemm(act, w_down, proj)
-            o.add_rmsnorm(x, proj, next_norm, h, eps)
+            project_add_norm("w_down", act, w_down, next_norm)
 
     def _rope(self, ws: _Workspace, rows: int, layer: int, qkv: cp.ndarray, bias) -> cp.ndarray:
         """rope_qkv: the rows' queries (returned) and this layer's new k, v into the cache."""
@@ -217,11 +239,19 @@ class CudaBackend:
                 self.ops.attention_decode(self._rope(ws, b, layer, qkv, bias), cache, slots, seq_lens, part_acc,
                                           part_ml, att)
 
-        self._forward(ws, b, attention)
+        self._forward(ws, b, attention, split=self.split_products)
         self.ops.gemm(ws.h[:b], self.head, ws.logits[:b])
         if sample:  # every row of the bucket: padding rows draw harmless greedy tokens
             gpu_sampler.launch(ws.logits[:b], ws.ints[PARAMS:PARAMS + 5], ws.out[0], ws.out[1].view(np.float32),
                                self.gumbel, ws.sample_work)
+
+    def _upload_inputs(self) -> None:  # host_ints -> dec.ints, on the current stream
+        cp.cuda.runtime.memcpyAsync(self.dec.ints.data.ptr, self.host_ints.ptr, self.dec.ints.nbytes, H2D,
+                                    cp.cuda.get_current_stream().ptr)
+
+    def _download_outputs(self) -> None:  # dec.out -> host_out, on the current stream
+        cp.cuda.runtime.memcpyAsync(self.host_out.ptr, self.dec.out.data.ptr, self.dec.out.nbytes, D2H,
+                                    cp.cuda.get_current_stream().ptr)
 
     def _graph(self, b: int, sample: bool):
         """The captured decode step of bucket b (with or without the sampler), or None when
@@ -252,42 +282,47 @@ class CudaBackend:
     def _check_decode(self, slots, tokens, positions):
         """int64 arrays (slots, tokens, positions), checked. Few NumPy calls: this runs on the
         host before every step, and the step waits for it."""
-        slots = np.asarray(slots, dtype=np.int64).reshape(-1)
-        tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
-        positions = np.asarray(positions, dtype=np.int64).reshape(-1)
+        slots, tokens, positions = (np.asarray(a, dtype=np.int64).reshape(-1) for a in (slots, tokens, positions))
         if not len(slots) == len(tokens) == len(positions):
             raise ValueError("decode: slots, tokens and positions differ in length")
         if not len(slots):
             return slots, tokens, positions
-        assert slots.min() >= 0 and slots.max() < self.max_batch_size, "decode slot out of range"
-        assert tokens.min() >= 0 and tokens.max() < self.cfg.vocab_size, "decode token outside the vocabulary"
-        assert np.count_nonzero(np.bincount(slots, minlength=self.max_batch_size) > 1) == 0, \
-            "decode slots must be distinct"
+        assert 0 <= slots.min() and slots.max() < self.max_batch_size, "decode slot out of range"
+        assert 0 <= tokens.min() and tokens.max() < self.cfg.vocab_size, "decode token outside the vocabulary"
+        assert np.bincount(slots, minlength=self.max_batch_size).max() == 1, "decode slots must be distinct"
+        assert 0 <= positions.min() and positions.max() < self.max_seq_len, "decode position outside the cache"
         assert not (positions > self.lengths[slots]).any(), "decode position past the cache"
-        assert positions.max() < self.max_seq_len, "decode position past max_seq_len"
         return slots, tokens, positions
 
-    def _run_decode(self, slots, tokens, positions, params: np.ndarray | None = None) -> int:
-        """Upload one step's inputs, replay the bucket's graph; returns the bucket size."""
+    def _stage_decode(self, slots, tokens, positions) -> tuple[int, np.ndarray]:
+        """One step's model inputs into the pinned upload buffer; (bucket, the buffer's first
+        bucket columns). Padding rows: token 0 at position 0 of the scratch slot, greedy."""
+        if self._step_in_flight:  # the last step's graph may not have read the buffer yet
+            self.stream.synchronize()
+            self._step_in_flight = False
         n = len(slots)
         b = next(x for x in self.buckets if x >= n)
-        host = self.host_ints_np
-        host[:, :b] = 0
+        host = self.host_ints_np[:, :b]
+        if n < b:
+            host[:, n:] = 0
+            host[SLOTS, n:], host[SEQ_LENS, n:] = self.scratch_slot, 1
         host[TOKENS, :n], host[SLOTS, :n], host[POSITIONS, :n] = tokens, slots, positions
-        host[SEQ_LENS, :n] = positions + 1
-        host[SLOTS, n:b], host[SEQ_LENS, n:b] = self.scratch_slot, 1  # padding rows: token 0 at 0
-        if params is not None:
-            host[PARAMS:PARAMS + 5, :n] = params
-        sample = params is not None
+        np.add(positions, 1, out=host[SEQ_LENS, :n], casting="unsafe")
+        return b, host
+
+    def _run_decode(self, b: int, sample: bool) -> None:
+        """Upload the staged inputs, replay bucket b's graph; with the sampler, the tokens and
+        log-probabilities then go to host_out (the caller synchronizes)."""
         with self.stream:
-            self.dec.ints.set(host)  # one small copy from pinned memory
+            self._upload_inputs()  # first: a graph's capture runs the step once eagerly, on these inputs
             graph = self._graph(b, sample) if self.use_graphs else None
             if graph is not None:
                 graph.launch(self.stream)
             else:
                 self._decode_body(b, sample)
-        self.lengths[slots] = positions + 1
-        return b
+            if sample:
+                self._download_outputs()
+        self._step_in_flight = True
 
     def decode(self, slots: Sequence[int], tokens: Sequence[int], positions: Sequence[int],
                device: bool = False):
@@ -296,7 +331,9 @@ class CudaBackend:
         if not len(slots):
             empty = np.zeros((0, self.cfg.vocab_size), dtype=np.float32)
             return cp.asarray(empty) if device else empty
-        self._run_decode(slots, tokens, positions)
+        b, _ = self._stage_decode(slots, tokens, positions)
+        self._run_decode(b, False)
+        self.lengths[slots] = positions + 1
         with self.stream:
             logits = self.dec.logits[:len(slots)]
             return logits.copy() if device else logits.get()
@@ -329,10 +366,13 @@ class CudaBackend:
         temps, is_greedy = sampling_rows(temperatures, greedy, n, "decode_sample")
         if not n:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
-        params = gpu_sampler.pack_params(seeds, request_ids, token_indices, temps, is_greedy)
-        self._run_decode(slots, tokens, positions, params)
-        with self.stream:
-            out = self.dec.out.get()  # tokens and logprobs of the whole bucket: one small copy
+        b, host = self._stage_decode(slots, tokens, positions)
+        gpu_sampler.pack_params(seeds, request_ids, token_indices, temps, is_greedy, out=host[PARAMS:, :n])
+        self._run_decode(b, True)
+        self.lengths[slots] = positions + 1
+        self.stream.synchronize()  # tokens and logprobs are in host_out
+        self._step_in_flight = False
+        out = self.host_out_np
         return out[0, :n].astype(np.int64), out[1, :n].view(np.float32).copy()
 
     def prefill_sample(self, slots, token_lists, seeds, request_ids, token_indices, temperatures,

@@ -16,6 +16,8 @@ import os
 import re
 from pathlib import Path
 
+from ratchet.engine.cuda.plan import SPLIT_K
+
 KERNEL_DIR = Path(os.environ.get("RATCHET_KERNEL_DIR", Path(__file__).resolve().parents[3] / "kernels"))
 
 BASE_OPTIONS = ("-std=c++17",)
@@ -132,7 +134,10 @@ def expressions(name: str, dtypes=("fp32", "fp16", "bf16"), attn_shapes=((64, 7)
                                for hd, g in attn_shapes if tensor_core_decode(d, hd, g))
     if name == "attention_prefill":
         return tuple(f"attn_prefill<{t}, {hd}, {g}>" for t in tags for hd, g in attn_shapes)
-    entry = {"rmsnorm": ("add_rmsnorm", "add_rmsnorm_warp"), "rope": ("rope_qkv",),
+    if name == "rmsnorm":  # the warp kernel without and with a split product's slices
+        return tuple(e for t in tags for e in (f"add_rmsnorm<{t}>", f"add_rmsnorm_warp<{t}, 0>",
+                                               f"add_rmsnorm_warp<{t}, {SPLIT_K}>"))
+    entry = {"rope": ("rope_qkv",),
              "swiglu": ("swiglu", "swiglu_vec"), "embedding": ("embedding",)}
     if name not in entry:
         raise KeyError(f"unknown kernel {name!r}")

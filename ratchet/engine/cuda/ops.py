@@ -16,7 +16,7 @@ import cupy as cp
 import numpy as np
 
 from ratchet.engine.cuda import loader
-from ratchet.engine.cuda.plan import DECODE_TILE, decode_split, mma_decode_plan
+from ratchet.engine.cuda.plan import DECODE_TILE, SPLIT_K, decode_split, mma_decode_plan
 
 STORAGE = {"fp32": np.float32, "fp16": np.float16, "bf16": np.uint16}  # bf16 as its bit patterns
 TAGS = loader.DTYPE_TAGS
@@ -97,6 +97,9 @@ class Cublas:
         lib.cublasSetStream_v2.argtypes = [vp, vp]
         lib.cublasSetWorkspace_v2.argtypes = [vp, vp, ctypes.c_size_t]
         lib.cublasGemmEx.argtypes = [vp, i, i, i, i, i, vp, vp, i, i, vp, i, i, vp, vp, i, i, i, i]
+        ll = ctypes.c_longlong
+        lib.cublasGemmStridedBatchedEx.argtypes = [vp, i, i, i, i, i, vp, vp, i, i, ll, vp, i, i, ll, vp, vp, i, i,
+                                                   ll, i, i, i]
         handle = vp()
         self._check(lib.cublasCreate_v2(ctypes.byref(handle)), "cublasCreate")
         self.handle = handle
@@ -121,6 +124,14 @@ class Cublas:
                                           b_ptr, b_type, ldb, beta_ptr, c_ptr, c_type, ldc, compute, algo),
                     "cublasGemmEx")
 
+    def gemm_strided_batched_ex(self, transa, transb, m, n, k, alpha_ptr, a_ptr, a_type, lda, stride_a, b_ptr,
+                                b_type, ldb, stride_b, beta_ptr, c_ptr, c_type, ldc, stride_c, count, compute,
+                                algo) -> None:
+        self._check(self.lib.cublasGemmStridedBatchedEx(self.handle, transa, transb, m, n, k, alpha_ptr, a_ptr,
+                                                        a_type, lda, stride_a, b_ptr, b_type, ldb, stride_b,
+                                                        beta_ptr, c_ptr, c_type, ldc, stride_c, count, compute,
+                                                        algo), "cublasGemmStridedBatchedEx")
+
     def close(self) -> None:
         if self.handle is not None:
             self.lib.cublasDestroy_v2(self.handle)
@@ -137,12 +148,15 @@ class Ops:
         self.storage = np.dtype(STORAGE[dtype])
         attn = ((head_dim, group),)
         fn = {}
-        for name in ("embedding", "rmsnorm", "rope", "swiglu", "attention_decode", "attention_prefill"):
+        for name in ("embedding", "rope", "swiglu", "attention_decode", "attention_prefill"):
             exprs = loader.expressions(name, (dtype,), attn)
             module = loader.load(name, exprs)
             fn.update({e.split("<")[0]: module.get_function(e) for e in exprs})
-        self.f_embedding, self.f_rmsnorm = fn["embedding"], fn["add_rmsnorm"]
-        self.f_rmsnorm_warp, self.f_swiglu_vec = fn["add_rmsnorm_warp"], fn["swiglu_vec"]
+        norm_exprs = loader.expressions("rmsnorm", (dtype,))
+        norm = loader.load("rmsnorm", norm_exprs)
+        self.f_rmsnorm = norm.get_function(norm_exprs[0])
+        self.f_rmsnorm_warp = {0: norm.get_function(norm_exprs[1]), SPLIT_K: norm.get_function(norm_exprs[2])}
+        self.f_embedding, self.f_swiglu_vec = fn["embedding"], fn["swiglu_vec"]
         self.f_rope, self.f_swiglu = fn["rope_qkv"], fn["swiglu"]
         self.vec = 16 // self.storage.itemsize  # values per 16-byte vector
         self.f_decode_partial, self.f_decode_combine = fn["attn_decode_partial"], fn["attn_decode_combine"]
@@ -183,6 +197,29 @@ class Ops:
                           self._zero.ctypes.data, out.data.ptr, CUDA_R[out_dtype], n,
                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
 
+    def gemm_split(self, x: cp.ndarray, w: cp.ndarray, parts: cp.ndarray) -> None:
+        """parts[s] = x[:, s K/S : (s+1) K/S] @ w[:, same]^T in fp32, s < S = parts.shape[0]: the
+        product with K split into S slices, one strided-batched cuBLAS call (S times the blocks of
+        one M = 64 product, which alone leaves most multiprocessors idle); the consumer sums the
+        S slices in order (add_rmsnorm's `nparts`, swiglu's), so no reduction kernel runs."""
+        rows, k = x.shape
+        n = w.shape[0]
+        s = parts.shape[0]
+        _check(x, "gemm_split x", dtype=self.storage)
+        _check(w, "gemm_split w", (n, k), self.storage)
+        _check(parts, "gemm_split parts", (s, rows, n), np.float32)
+        if k % s or (k // s) % 8:
+            raise ValueError(f"gemm_split: K = {k} does not split into {s} slices of a multiple of 8")
+        if rows == 0:
+            return
+        ks = k // s
+        self.blas.set_stream(cp.cuda.get_current_stream().ptr)
+        self.blas.gemm_strided_batched_ex(CUBLAS_OP_T, CUBLAS_OP_N, n, rows, ks,
+                                          self._one.ctypes.data, w.data.ptr, CUDA_R[self.dtype], k, ks,
+                                          x.data.ptr, CUDA_R[self.dtype], k, ks,
+                                          self._zero.ctypes.data, parts.data.ptr, CUDA_R["fp32"], n, rows * n, s,
+                                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
+
     # ---------------------------------------------------------------- element-wise
 
     def embedding(self, tokens: cp.ndarray, table: cp.ndarray, out: cp.ndarray) -> None:
@@ -195,23 +232,37 @@ class Ops:
             self.f_embedding((rows,), (128,), (tokens, table, out, _i32(dim), _i32(vocab)))
 
     def add_rmsnorm(self, residual: cp.ndarray, delta: cp.ndarray | None, weight: cp.ndarray,
-                    out: cp.ndarray, eps: float) -> None:
-        """residual += delta (rounded, in place; skipped when delta is None); out = norm(residual)."""
+                    out: cp.ndarray, eps: float, parts: cp.ndarray | None = None) -> None:
+        """residual += delta (rounded, in place; skipped when delta is None); out = norm(residual).
+
+        With `parts` (fp32 [S, rows, dim], gemm_split's slices) the delta is their in-order sum
+        rounded to the storage: the split product's output, summed here instead of by a kernel
+        of its own."""
         rows, dim = residual.shape
         _check(residual, "rmsnorm residual", dtype=self.storage)
+        if delta is not None and parts is not None:
+            raise ValueError("rmsnorm: a delta or a split product's parts, not both")
         if delta is not None:
             _check(delta, "rmsnorm delta", (rows, dim), self.storage)
+        nparts = 0
+        if parts is not None:
+            nparts = parts.shape[0]
+            _check(parts, "rmsnorm parts", (nparts, rows, dim), np.float32)
         _check(weight, "rmsnorm weight", (dim,), self.storage)
         _check(out, "rmsnorm out", (rows, dim), self.storage)
         if not rows:
             return
-        if dim % self.vec == 0 and dim <= 32 * RMS_VPL * self.vec \
-                and _aligned16(residual, weight, out, *(() if delta is None else (delta,))):
-            self.f_rmsnorm_warp((-(-rows // 4),), (128,), (residual, _ptr(delta), weight, out, _i32(rows),
-                                                          _i32(dim), np.float32(eps)))
+        fits = dim % self.vec == 0 and dim <= 32 * RMS_VPL * self.vec \
+            and _aligned16(residual, weight, out, *(a for a in (delta, parts) if a is not None))
+        if fits and nparts in self.f_rmsnorm_warp:
+            # a warp a row; a block of one warp when the slices make each row's loads heavy
+            per_block = 1 if nparts else 4
+            self.f_rmsnorm_warp[nparts]((-(-rows // per_block),), (32 * per_block,),
+                                        (residual, _ptr(delta), _ptr(parts), weight, out, _i32(rows), _i32(dim),
+                                         np.float32(eps)))
         else:
-            self.f_rmsnorm((rows,), (256,), (residual, _ptr(delta), weight, out, _i32(dim), np.float32(eps)),
-                           shared_mem=4 * dim)
+            self.f_rmsnorm((rows,), (256,), (residual, _ptr(delta), _ptr(parts), _i32(nparts), weight, out,
+                                             _i32(dim), np.float32(eps)), shared_mem=4 * dim)
 
     def _check_rope_inputs(self, qkv, bias, cos, sin, width: int, max_seq: int) -> None:
         """qkv fp32 [rows, width], bias [width] or None, cos/sin fp32 tables covering max_seq."""

@@ -1,6 +1,6 @@
-"""Launch plans of the decode attention (attention_decode.cu): how a step's rows, kv heads
-and cached positions are cut into blocks and splits. Plain Python (no CuPy), so the CPU
-tests check the plans that the GPU runs."""
+"""Launch plans of the decode step: how the attention (attention_decode.cu) cuts a step's
+rows, kv heads and cached positions into blocks and splits, and which products split K.
+Plain Python (no CuPy), so the CPU tests check the plans that the GPU runs."""
 
 from __future__ import annotations
 
@@ -10,6 +10,16 @@ MMA_MAX_WARPS = 16  # attention_decode.cu MMA_MAX_WARPS: warps a block of attn_d
 MMA_WARPS_MANY_ROWS = 4  # warps a block when the rows alone fill the GPU
 MMA_TARGET_BLOCKS = 264  # ~2 blocks a multiprocessor (132 on an H100 / H200)
 MMA_SMEM_BYTES = 44 * 1024  # the merge's dynamic shared memory: with q_s (<= 4 KiB) under the 48 KiB default
+# wo and w_down of a small decode bucket as K in SPLIT_K slices, one strided-batched product
+# (ops.gemm_split) summed by the next add_rmsnorm: an option, off by default
+# (CudaBackend.split_products). At M = 64 cuBLAS's own kernel fills few of the 132
+# multiprocessors; split, the products alone are faster (H200, weights from HBM: wo 4.07 ->
+# 3.14 us, w_down 7.81 -> 5.44 us with its split-K reduce kernel gone; tools/gpu/splitk_sweep.py)
+# and the step's kernels sum to ~70 us less, but a step replayed from an idle GPU, as the
+# bench and the engine run it, takes the same time (tools/gpu/step_gaps.py; kernels/NOTES.md
+# run 5). rmsnorm.cu instantiates add_rmsnorm_warp<D, SPLIT_K>.
+SPLIT_K = 4
+SPLIT_K_MAX_ROWS = 64
 
 
 def decode_split(max_seq: int) -> tuple[int, int]:
@@ -39,3 +49,10 @@ def mma_decode_plan(rows: int, num_kv_heads: int, max_seq: int, head_dim: int, g
         nsplit = max(1, min(-(-MMA_TARGET_BLOCKS // pairs), capacity, -(-tiles // warps)))
     split_len = -(-tiles // nsplit) * tile
     return warps, split_len, -(-max_seq // split_len)
+
+
+def split_k(rows: int, k: int) -> int:
+    """K slices for a decode bucket's wo / w_down product of inner size k (0: one product)."""
+    if rows <= SPLIT_K_MAX_ROWS and k % SPLIT_K == 0 and (k // SPLIT_K) % 8 == 0:
+        return SPLIT_K
+    return 0

@@ -67,10 +67,11 @@ def approx_noise_error(table: cp.ndarray | None = None) -> float:
     return float(cp.asnumpy(out).view(np.float32)[0])
 
 
-def pack_params(seeds, request_ids, token_indices, temperatures, greedy) -> np.ndarray:
-    """int32 [5, B]: key0 (seed), key1 (request id), counter (token index), T (float32 bits), greedy."""
+def pack_params(seeds, request_ids, token_indices, temperatures, greedy, out: np.ndarray | None = None) -> np.ndarray:
+    """int32 [5, B]: key0 (seed), key1 (request id), counter (token index), T (float32 bits), greedy.
+    Written into `out` (any int32 [5, B] view, e.g. a pinned upload buffer's rows) when given."""
     b = len(temperatures)
-    params = np.empty((5, b), dtype=np.int32)
+    params = np.empty((5, b), dtype=np.int32) if out is None else out
     try:  # one conversion for the three key rows (as_uint32 of each)
         keys = np.array((seeds, request_ids, token_indices), dtype=np.int64).reshape(3, b)
         params[:3] = (keys & 0xFFFFFFFF).astype(np.uint32).view(np.int32)

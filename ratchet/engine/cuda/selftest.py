@@ -18,6 +18,7 @@ import numpy as np
 from ratchet.engine import sampler as np_sampler
 from ratchet.engine.cuda import sampler as gpu_sampler
 from ratchet.engine.cuda.ops import STORAGE, Ops, convert, decode_split
+from ratchet.engine.cuda.plan import SPLIT_K
 from ratchet.engine.numpy.layers import apply_rope, attention, rms_norm, silu_mul
 from ratchet.model.dtypes import bf16_bits_to_fp32, fp32_to_bf16_bits, round_to
 
@@ -89,7 +90,24 @@ def check_rmsnorm(ops: Ops, rng) -> dict:
     out2 = cp.empty((rows, dim), dtype=ops.storage)  # no residual add (layer 0)
     ops.add_rmsnorm(to_gpu(res, dt), None, to_gpu(weight, dt), out2, eps)
     plain = compare(to_host(out2, dt), round_to(rms_norm(res, weight, eps), dt), TOL[dt])
-    return _merge(exact_add, normed, plain)
+    return _merge(exact_add, normed, plain, *(check_rmsnorm_parts(ops, rng, d) for d in (896, 1400)))
+
+
+def check_rmsnorm_parts(ops: Ops, rng, dim: int) -> dict:
+    """The delta as gemm_split's fp32 slices: summed in slice order, rounded to the storage,
+    added (dim 896: the warp kernel; 1400: the block kernel)."""
+    rows, eps, dt = 19, 1e-6, ops.dtype
+    res = _grid(rng, (rows, dim), dt)
+    parts = (rng.standard_normal((SPLIT_K, rows, dim)) * 0.3).astype(np.float32)
+    weight = round_to(_grid(rng, (dim,), dt, 0.2) + round_to(np.float32(1.0), dt), dt)
+    g_res, out = to_gpu(res, dt), cp.empty((rows, dim), dtype=ops.storage)
+    ops.add_rmsnorm(g_res, None, to_gpu(weight, dt), out, eps, parts=cp.asarray(parts))
+    total = parts[0].copy()
+    for p in parts[1:]:
+        total += p  # float32, in slice order, as the kernel sums
+    ref_res = round_to(res + round_to(total, dt), dt)
+    return _merge(compare(to_host(g_res, dt), ref_res, 0, exact=True),
+                  compare(to_host(out, dt), round_to(rms_norm(ref_res, weight, eps), dt), TOL[dt]))
 
 
 def check_rope(ops: Ops, rng, num_heads: int, num_kv_heads: int) -> dict:
@@ -151,6 +169,14 @@ def check_gemm(ops: Ops, rng) -> dict:
         out16 = cp.empty((rows, n), dtype=ops.storage)
         ops.gemm(to_gpu(x, dt), to_gpu(w, dt), out16)
         results.append(compare(to_host(out16, dt), round_to(ref.astype(np.float32), dt), TOL[dt]))
+        if k % SPLIT_K == 0:  # K in slices: each slice's product, and their sum
+            parts = cp.empty((SPLIT_K, rows, n), dtype=np.float32)
+            ops.gemm_split(to_gpu(x, dt), to_gpu(w, dt), parts)
+            ks = k // SPLIT_K
+            ref_parts = np.stack([x[:, i * ks:(i + 1) * ks].astype(np.float64)
+                                  @ w[:, i * ks:(i + 1) * ks].astype(np.float64).T for i in range(SPLIT_K)])
+            results.append(compare(cp.asnumpy(parts), ref_parts, 1e-5))
+            results.append(compare(cp.asnumpy(parts).sum(0, dtype=np.float64), ref, 1e-5))
     return _merge(*results)
 
 
