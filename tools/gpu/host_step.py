@@ -60,9 +60,39 @@ def main() -> None:
         graph.launch(be.stream)
         be.stream.synchronize()
 
+    parts = {k: [] for k in ("host before", "upload + launch calls", "wait (synchronize)", "host after",
+                             "GPU: upload..download (events)")}
+
+    def timed_step(i):  # decode_sample's own steps, with clocks between them
+        t0 = time.perf_counter()
+        s, t, p = be._check_decode(slots, toks, [pos["p"]] * B)
+        temps, greedy = sampling_rows(ones, falses, B, "decode_sample")
+        b, host = be._stage_decode(s, t, p)
+        gpu_sampler.pack_params(seeds, slots, [i] * B, temps, greedy, out=host[PARAMS:, :B])
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        t1 = time.perf_counter()
+        start.record(be.stream)
+        be._run_decode(b, True)
+        end.record(be.stream)
+        t2 = time.perf_counter()
+        be.lengths[s] = p + 1
+        be.stream.synchronize()
+        be._step_in_flight = False
+        t3 = time.perf_counter()
+        out = be.host_out_np
+        out[0, :B].astype(np.int64), out[1, :B].view(np.float32).copy()
+        t4 = time.perf_counter()
+        pos["p"] += 1
+        for k, v in zip(parts, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+            parts[k].append(1e6 * v)
+        parts["GPU: upload..download (events)"].append(1e3 * cp.cuda.get_elapsed_time(start, end))
+
     print(f"decode_sample      {per_call_us(decode_sample, 400):8.1f} us  (wall, as the engine calls it)")
     print(f"graph replay+sync  {per_call_us(replay):8.1f} us")
     print(f"host work alone    {per_call_us(host_only, 2000):8.1f} us")
+    per_call_us(timed_step, 200)
+    for k, v in parts.items():
+        print(f"  {k:32s} median {np.median(v):8.1f} us  p90 {np.percentile(v, 90):8.1f}")
 
 
 if __name__ == "__main__":
