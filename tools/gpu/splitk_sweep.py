@@ -12,7 +12,8 @@ from __future__ import annotations
 import cupy as cp
 import numpy as np
 
-from ratchet.engine.cuda.bench import Events
+from lt_sweep import graph_time  # the script's own folder (tools/gpu) is on sys.path
+
 from ratchet.engine.cuda.ops import Ops
 
 LAYERS = 24
@@ -20,21 +21,9 @@ SHAPES = {"qkv": (1152, 896, np.float32), "wo": (896, 896, np.float16), "gate_up
           "down": (896, 4864, np.float16)}
 
 
-def graph_time(fn, stream) -> float:
-    """Microseconds of one call of fn (which launches LAYERS products) per product."""
-    with stream:
-        fn()
-        stream.synchronize()
-        stream.begin_capture()
-        fn()
-        g = stream.end_capture()
-    g.launch(stream)
-    stream.synchronize()
-    ev = Events()
-    for _ in range(20):
-        with ev.time(stream):
-            g.launch(stream)
-    return 1e3 * float(np.median(ev.ms)) / LAYERS
+def per_product_us(fn, stream) -> float:
+    """Microseconds of one of the LAYERS products fn launches (a graph of fn, replayed)."""
+    return graph_time(fn, stream, reps=1) / LAYERS
 
 
 def splits_of(k: int) -> list[int]:
@@ -49,7 +38,7 @@ def main(rows: int = 64) -> None:
         ws = [cp.asarray((rng.standard_normal((n, k)) * 0.03).astype(np.float16)) for _ in range(LAYERS)]
         x = cp.asarray(rng.standard_normal((rows, k)).astype(np.float16))
         out = cp.empty((rows, n), out_t)
-        base = graph_time(lambda: [ops.gemm(x, w, out) for w in ws], stream)
+        base = per_product_us(lambda: [ops.gemm(x, w, out) for w in ws], stream)
         with stream:
             ops.gemm(x, ws[0], out)
             ref = out.astype(np.float32)
@@ -57,7 +46,7 @@ def main(rows: int = 64) -> None:
         line = [f"B{rows} {name:8s} {mb:5.1f} MB  gemmEx {base:6.2f} us ({mb / base:.2f} TB/s)"]
         for s in splits_of(k):
             parts = cp.empty((s, rows, n), np.float32)
-            t = graph_time(lambda: [ops.gemm_split(x, w, parts) for w in ws], stream)
+            t = per_product_us(lambda: [ops.gemm_split(x, w, parts) for w in ws], stream)
             with stream:
                 ops.gemm_split(x, ws[0], parts)
                 diff = float(cp.abs(parts.sum(0) - ref).max())
