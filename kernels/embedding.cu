@@ -4,7 +4,6 @@
 template <class D>
 __global__ void embedding(const int* __restrict__ tokens, const typename D::T* __restrict__ table,
                           typename D::T* __restrict__ out, int dim, int vocab) {
-    pdl_begin();
     const int r = blockIdx.x;
     int tok = tokens[r];
     tok = tok < 0 ? 0 : (tok >= vocab ? vocab - 1 : tok);  // the host checks; never read outside

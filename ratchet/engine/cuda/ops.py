@@ -16,7 +16,6 @@ import cupy as cp
 import numpy as np
 
 from ratchet.engine.cuda import loader
-from ratchet.engine.cuda.launch import pdl_kernel
 from ratchet.engine.cuda.plan import DECODE_TILE, SPLIT_K, decode_split, mma_decode_plan
 
 STORAGE = {"fp32": np.float32, "fp16": np.float16, "bf16": np.uint16}  # bf16 as its bit patterns
@@ -155,10 +154,8 @@ class Ops:
             fn.update({e.split("<")[0]: module.get_function(e) for e in exprs})
         norm_exprs = loader.expressions("rmsnorm", (dtype,))
         norm = loader.load("rmsnorm", norm_exprs)
-        fn = {k: pdl_kernel(v) for k, v in fn.items()}  # programmatic dependent launch (launch.py)
-        self.f_rmsnorm = pdl_kernel(norm.get_function(norm_exprs[0]))
-        self.f_rmsnorm_warp = {0: pdl_kernel(norm.get_function(norm_exprs[1])),
-                               SPLIT_K: pdl_kernel(norm.get_function(norm_exprs[2]))}
+        self.f_rmsnorm = norm.get_function(norm_exprs[0])
+        self.f_rmsnorm_warp = {0: norm.get_function(norm_exprs[1]), SPLIT_K: norm.get_function(norm_exprs[2])}
         self.f_embedding, self.f_swiglu_vec = fn["embedding"], fn["swiglu_vec"]
         self.f_rope, self.f_swiglu = fn["rope_qkv"], fn["swiglu"]
         self.vec = 16 // self.storage.itemsize  # values per 16-byte vector
