@@ -76,8 +76,7 @@ def main() -> None:
         end.record(be.stream)
         t2 = time.perf_counter()
         be.lengths[s] = p + 1
-        be.stream.synchronize()
-        be._step_in_flight = False
+        be._wait_step()
         t3 = time.perf_counter()
         out = be.host_out_np
         out[0, :B].astype(np.int64), out[1, :B].view(np.float32).copy()

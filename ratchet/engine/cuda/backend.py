@@ -298,8 +298,7 @@ class CudaBackend:
         """One step's model inputs into the pinned upload buffer; (bucket, the buffer's first
         bucket columns). Padding rows: token 0 at position 0 of the scratch slot, greedy."""
         if self._step_in_flight:  # the last step's graph may not have read the buffer yet
-            self.stream.synchronize()
-            self._step_in_flight = False
+            self._wait_step()
         n = len(slots)
         b = next(x for x in self.buckets if x >= n)
         host = self.host_ints_np[:, :b]
@@ -323,6 +322,11 @@ class CudaBackend:
             if sample:
                 self._download_outputs()
         self._step_in_flight = True
+
+    def _wait_step(self) -> None:
+        """Until the launched step (its graph, its copies) has finished."""
+        self.stream.synchronize()
+        self._step_in_flight = False
 
     def decode(self, slots: Sequence[int], tokens: Sequence[int], positions: Sequence[int],
                device: bool = False):
@@ -370,8 +374,7 @@ class CudaBackend:
         gpu_sampler.pack_params(seeds, request_ids, token_indices, temps, is_greedy, out=host[PARAMS:, :n])
         self._run_decode(b, True)
         self.lengths[slots] = positions + 1
-        self.stream.synchronize()  # tokens and logprobs are in host_out
-        self._step_in_flight = False
+        self._wait_step()  # tokens and logprobs are in host_out
         out = self.host_out_np
         return out[0, :n].astype(np.int64), out[1, :n].view(np.float32).copy()
 

@@ -200,8 +200,8 @@ class Ops:
     def gemm_split(self, x: cp.ndarray, w: cp.ndarray, parts: cp.ndarray) -> None:
         """parts[s] = x[:, s K/S : (s+1) K/S] @ w[:, same]^T in fp32, s < S = parts.shape[0]: the
         product with K split into S slices, one strided-batched cuBLAS call (S times the blocks of
-        one M = 64 product, which alone leaves most multiprocessors idle); the consumer sums the
-        S slices in order (add_rmsnorm's `nparts`, swiglu's), so no reduction kernel runs."""
+        one M = 64 product, which alone leaves most multiprocessors idle); add_rmsnorm (`parts`)
+        sums the S slices in order, so no reduction kernel runs."""
         rows, k = x.shape
         n = w.shape[0]
         s = parts.shape[0]
@@ -320,10 +320,10 @@ class Ops:
                                                                               part_ml, out)
         if not rows:
             return
-        scale = np.float32(1.0 / math.sqrt(hd))
         if self.f_decode_mma is not None and _aligned16(q, cache):
             self._decode_mma(q, cache, slots, seq_lens, part_acc, part_ml, out, None)
             return
+        scale = np.float32(1.0 / math.sqrt(hd))
         self.f_decode_partial((nsplit, num_kv_heads, rows), (DECODE_TILE,),
                               (q, cache, slots, seq_lens, part_acc, part_ml, _i32(num_kv_heads),
                                _i32(max_seq), _i32(split_len), _i32(nsplit), scale))
