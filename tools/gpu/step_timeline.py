@@ -63,6 +63,31 @@ def timeline(be, steps: int = 5) -> list[dict]:
     return rows
 
 
+def graph_nodes(be) -> dict:
+    """Node types of the step's graph, captured again here (CuPy keeps only the executable):
+    cudaGraphDebugDotPrint's node labels, counted."""
+    import ctypes
+    import re
+
+    import cupy as cp
+
+    lib = next(line.split()[-1] for line in open("/proc/self/maps") if "libcudart.so" in line)
+    cudart = ctypes.CDLL(lib)
+    rt = cp.cuda.runtime
+    with be.stream:
+        be.stream.synchronize()
+        rt.streamBeginCapture(be.stream.ptr, getattr(rt, "streamCaptureModeRelaxed", 2))
+        be._decode_body(B, True)
+        g = rt.streamEndCapture(be.stream.ptr)
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "g.dot").encode()
+        err = cudart.cudaGraphDebugDotPrint(ctypes.c_void_p(g), path, ctypes.c_uint(0))
+        text = open(path).read() if err == 0 else ""
+    rt.graphDestroy(g)
+    kinds = collections.Counter(re.findall(r'label="?<?\s*([A-Z_]+)', text))
+    return {"error": err, "kinds": dict(kinds), "edges": text.count("->"), "head": text[:400]}
+
+
 def set_carveout(be, carve: int) -> int:
     """Every CuPy kernel the backend holds (its own attributes and its helpers', one level down,
     dicts included)."""
@@ -85,12 +110,14 @@ def main(args: list[str]) -> None:
     carve = next((int(a.split("=")[1]) for a in args if a.startswith("carveout=")), None)
     cfg = qwen05_config()
     be = CudaBackend(cfg, "fp16", 512, PROMPT + NEW)
-    be.split_products = ("wo", "w_down") if split else ()
+    be.split_products = ("wo", "w_down") if split else ("wo",) if "split=wo" in args else \
+        ("w_down",) if "split=w_down" in args else ()
     be.load_weights(random_torch_weights(cfg, 0))
     if carve is not None:
         print(f"carveout {carve} set on {set_carveout(be, carve)} kernels")
     res = bench_decode(be, B, PROMPT, NEW, 0)
     rows = timeline(be)
+    print("graph nodes:", graph_nodes(be))
     n = len(rows) / 5
     print(f"variant split={split} carveout={carve}: wall {res['step_ms_median (wall, decode_sample)']:.4f} ms, "
           f"replay {res['step_ms_graph_replay (ctx 384)']:.4f} ms, {n:.0f} kernels a step, "
