@@ -84,7 +84,7 @@ def graph_nodes(be) -> dict:
         err = cudart.cudaGraphDebugDotPrint(ctypes.c_void_p(g), path, ctypes.c_uint(0))
         text = open(path).read() if err == 0 else ""
     rt.graphDestroy(g)
-    kinds = collections.Counter(re.findall(r'label="?<?\s*([A-Z_]+)', text))
+    kinds = collections.Counter(re.findall(r'label="[{<]*\s*([A-Za-z_]+)', text))
     return {"error": err, "kinds": dict(kinds), "edges": text.count("->"), "head": text[:400]}
 
 
