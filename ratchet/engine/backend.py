@@ -29,6 +29,13 @@ Contract
   `ratchet.engine.sampler.sample` on its logits. The engine decodes through this, so a GPU
   backend samples where the logits are (B x 150k Philox draws a step are too many for
   NumPy, and copying the logits back costs more than the tokens) with the same recipe.
+- `decode_sample_async(..., feed=None) -> step`: `decode_sample` launched, its result
+  (`step.result()`, the same pair) read later, so that the host can prepare and launch the
+  next step while the GPU runs this one. `feed` (optional, one int a row): where feed[b] >= 0,
+  row b's input token is the token the previous `decode_sample_async` / `decode_sample`
+  drew at its row feed[b], taken where it lies (on the GPU, without waiting for it), and
+  tokens[b] is ignored. At most two launched steps may be unread; a third launch reads the
+  oldest first. The engine overlaps its steps through this (`Engine(overlap=True)`).
 - `free(slot)`: the slot's cache is empty; the next prefill on it starts at 0.
 - `reset()`: every slot empty, and any other cached state (e.g. a prefix cache) dropped.
 
@@ -78,9 +85,49 @@ class Backend(Protocol):
                       seeds, request_ids, token_indices, temperatures,
                       greedy) -> tuple[np.ndarray, np.ndarray]: ...
 
+    def decode_sample_async(self, slots: Sequence[int], tokens: Sequence[int], positions: Sequence[int],
+                            seeds, request_ids, token_indices, temperatures, greedy,
+                            feed: Sequence[int] | None = None) -> "DecodeStep": ...
+
     def free(self, slot: int) -> None: ...
 
     def reset(self) -> None: ...
+
+
+class DecodeStep(Protocol):
+    def result(self) -> tuple[np.ndarray, np.ndarray]:
+        """(tokens int64 [B], logprobs float32 [B]) of a launched step; waits for it."""
+        ...
+
+
+class ReadyStep:
+    """A step whose result is already on the host (a backend that computes at launch)."""
+
+    def __init__(self, tokens: np.ndarray, logprobs: np.ndarray):
+        self._result = (tokens, logprobs)
+
+    def result(self) -> tuple[np.ndarray, np.ndarray]:
+        return self._result
+
+
+def feed_rows(feed, tokens, prev_rows: int) -> tuple[np.ndarray | None, np.ndarray]:
+    """(feed as int64, or None when no row is fed; tokens as int64 with 0 at fed rows),
+    checked against the previous sampling step's row count (0: there is none)."""
+    tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
+    if feed is None:
+        return None, tokens
+    feed = np.asarray(feed, dtype=np.int64).reshape(-1)
+    if len(feed) != len(tokens):
+        raise ValueError(f"decode: feed has {len(feed)} rows, tokens {len(tokens)}")
+    fed = feed >= 0
+    if not fed.any():
+        return None, tokens
+    if not prev_rows:
+        raise ValueError("decode: feed names rows of a previous step, but no sampling step has run "
+                         "since the last reset")
+    if feed.max() >= prev_rows:
+        raise ValueError(f"decode: feed row {int(feed.max())} is past the previous step's {prev_rows} rows")
+    return feed, np.where(fed, 0, tokens)
 
 
 def make_backend(name: str, cfg: ModelConfig, dtype: str, max_batch_size: int,

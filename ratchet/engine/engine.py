@@ -8,6 +8,13 @@ runs one batched decode step for every running sequence. Tokens are drawn by Gum
 noise keyed by (seed, request_id, token index), so a request's output does not depend on
 what else is in the batch, and a cancelled request resumed later (`add` it again) continues
 with the tokens it would have drawn.
+
+Overlap (on by default): before reading a decode step's tokens, the engine launches the next
+step for the sequences that can go on (`decode_sample_async` with `feed`: their input tokens
+stay on the GPU), so its own bookkeeping and the backend's staging run while the GPU works.
+A sequence that draws eos in step t has already been given a row in step t + 1; that row's
+token is discarded (its draw is keyed by token index, so nothing else changes). No step is
+run ahead while a waiting request could take a free slot: it is admitted at the next step.
 """
 
 from __future__ import annotations
@@ -21,6 +28,13 @@ import numpy as np
 from ratchet.engine.backend import make_backend
 from ratchet.engine.request import Request
 from ratchet.engine.scheduler import Scheduler, Sequence
+
+
+@dataclass
+class _Launched:
+    """A decode step on its way: the sequences of its rows, in order, and the backend's handle."""
+    seqs: list[Sequence]
+    handle: object
 
 DEFAULT_MAX_SEQ_LEN = 4096
 
@@ -39,9 +53,11 @@ class EngineStats:
 
 class Engine:
     def __init__(self, model, backend: str = "numpy", max_batch_size: int = 64,
-                 max_seq_len: int | None = None, eos_ids: Iterable[int] | None = None):
+                 max_seq_len: int | None = None, eos_ids: Iterable[int] | None = None,
+                 overlap: bool = True):
         """`model`: anything with `.cfg` (ModelConfig), `.weights` (engine names -> float32
-        arrays on the dtype grid) and `.dtype` ("fp32", "fp16", "bf16"), e.g. an EngineModel."""
+        arrays on the dtype grid) and `.dtype` ("fp32", "fp16", "bf16"), e.g. an EngineModel.
+        `overlap`: launch each decode step before reading the previous one's tokens."""
         cfg = model.cfg
         if max_seq_len is None:
             max_seq_len = min(cfg.max_position_embeddings, DEFAULT_MAX_SEQ_LEN)
@@ -58,6 +74,8 @@ class Engine:
         self.backend.load_weights(model.weights)
         self.scheduler = Scheduler(max_batch_size)
         self.stats = EngineStats()
+        self.overlap = overlap
+        self._inflight: _Launched | None = None  # launched, its tokens not yet appended
 
     # ---------------------------------------------------------------- public API
 
@@ -70,8 +88,14 @@ class Engine:
         """Admit and prefill what fits, decode one token for every running sequence; returns
         the requests that finished in this step."""
         start = time.perf_counter()
-        finished = self._prefill(self.scheduler.admit())
-        finished += self._decode(list(self.scheduler.running.values()))
+        finished = []
+        if self._inflight is None:  # else the running sequences' next step is already launched
+            finished += self._prefill(self.scheduler.admit())
+            running = list(self.scheduler.running.values())
+            if running:
+                self._inflight = self._launch(running)
+        if self._inflight is not None:
+            finished += self._complete()
         self.stats.wall_time_s += time.perf_counter() - start
         return finished
 
@@ -122,6 +146,7 @@ class Engine:
             busy = len(self.scheduler.running) + len(self.scheduler.waiting)
             raise RuntimeError(f"update_weights: {busy} requests are running or waiting; "
                                "cancel or finish them first")
+        self._drain()
         self.backend.update_weights(weights)
 
     @property
@@ -149,24 +174,61 @@ class Engine:
             self.stats.num_prefill_tokens += len(ids)
         return finished + self._append(ready, tokens, logprobs)
 
-    def _decode(self, running: list[Sequence]) -> list[Request]:
-        """Feed every running sequence its last token and draw the next."""
-        if not running:
-            return []
-        tokens, logprobs = self.backend.decode_sample(
-            [s.slot for s in running], [s.request.output[-1] for s in running],
-            [s.num_cached_tokens for s in running], **self._sampling_params(running))
-        for seq in running:
+    def _launch(self, seqs: list[Sequence], after: _Launched | None = None) -> _Launched:
+        """Launch a decode step for `seqs`: their last tokens from the host, or with `after`
+        (the launched step they continue, its tokens not yet read) the tokens it draws."""
+        if after is None:
+            tokens, feed, ahead = [s.request.output[-1] for s in seqs], None, 0
+        else:
+            row = {id(s): i for i, s in enumerate(after.seqs)}
+            tokens, feed, ahead = [0] * len(seqs), [row[id(s)] for s in seqs], 1
+        handle = self.backend.decode_sample_async(
+            [s.slot for s in seqs], tokens, [s.num_cached_tokens for s in seqs],
+            **self._sampling_params(seqs, ahead), feed=feed)
+        for seq in seqs:
             seq.num_cached_tokens += 1
+        return _Launched(seqs, handle)
+
+    def _complete(self) -> list[Request]:
+        """Read the launched step's tokens (having launched the next step first, when
+        overlapping) and append them to the sequences still running."""
+        step, self._inflight = self._inflight, None
+        live = [s for s in step.seqs if self._is_running(s)]
+        go_on = [s for s in live if not self._stops_by_length(s.request, 1)]
+        admissible = self.scheduler.waiting and (self.scheduler.free_slots or len(go_on) < len(live))
+        nxt = self._launch(go_on, after=step) if self.overlap and go_on and not admissible else None
+        tokens, logprobs = step.handle.result()
+        keep = [i for i, s in enumerate(step.seqs) if self._is_running(s)]
         self.stats.num_decode_steps += 1
-        return self._append(running, tokens, logprobs)
+        finished = self._append([step.seqs[i] for i in keep], tokens[keep], logprobs[keep])
+        if nxt is not None:
+            self._inflight = nxt
+            if not any(self._is_running(s) for s in nxt.seqs):
+                self._drain()  # every row drew eos: nothing to append
+        return finished
+
+    def _drain(self) -> None:
+        """Wait for the launched step, if any, and drop it (its rows' sequences are gone)."""
+        if self._inflight is not None:
+            self._inflight.handle.result()
+            self._inflight = None
+
+    def _is_running(self, seq: Sequence) -> bool:
+        return self.scheduler.running.get(seq.request.request_id) is seq
+
+    def _stops_by_length(self, request: Request, ahead: int = 0) -> bool:
+        """Whether a length limit stops the request once `ahead` more tokens are appended."""
+        return (len(request.output) + ahead >= request.max_new_tokens
+                or request.num_tokens + ahead >= self.max_seq_len)
 
     @staticmethod
-    def _sampling_params(seqs: list[Sequence]) -> dict[str, list]:
+    def _sampling_params(seqs: list[Sequence], ahead: int = 0) -> dict[str, list]:
+        """`ahead`: tokens the sequences will have been given before this draw (a step
+        launched before the previous one's tokens were appended)."""
         requests = [s.request for s in seqs]
         return dict(seeds=[r.seed for r in requests],
                     request_ids=[r.request_id for r in requests],
-                    token_indices=[len(r.output) for r in requests],  # resumed: same stream
+                    token_indices=[len(r.output) + ahead for r in requests],  # resumed: same stream
                     temperatures=[r.temperature for r in requests],
                     greedy=[r.greedy for r in requests])
 
@@ -186,7 +248,7 @@ class Engine:
     def _stop_reason(self, request: Request) -> str | None:
         if request.output and request.output[-1] in self.eos_ids:
             return "eos"
-        if len(request.output) >= request.max_new_tokens or request.num_tokens >= self.max_seq_len:
+        if self._stops_by_length(request):
             return "length"
         return None
 

@@ -51,9 +51,9 @@ def main() -> None:
     def host_only(i):  # what decode_sample does on the host, without the launch
         s, t, p = be._check_decode(slots, toks, [pos["p"] - 1] * B)
         temps, greedy = sampling_rows(ones, falses, B, "decode_sample")
-        b, host = be._stage_decode(s, t, p)
-        gpu_sampler.pack_params(seeds, slots, [i] * B, temps, greedy, out=host[PARAMS:, :B])
-        out = be.host_out_np
+        b, host, k = be._stage_decode(s, t, p)
+        gpu_sampler.pack_params(seeds, slots, [i] * B, temps, greedy, out=host[PARAMS:PARAMS + 5, :B])
+        out = be.host_out_np[k]
         return out[0, :B].astype(np.int64), out[1, :B].view(np.float32).copy()
 
     def replay(i):
@@ -67,18 +67,18 @@ def main() -> None:
         t0 = time.perf_counter()
         s, t, p = be._check_decode(slots, toks, [pos["p"]] * B)
         temps, greedy = sampling_rows(ones, falses, B, "decode_sample")
-        b, host = be._stage_decode(s, t, p)
-        gpu_sampler.pack_params(seeds, slots, [i] * B, temps, greedy, out=host[PARAMS:, :B])
+        b, host, k = be._stage_decode(s, t, p)
+        gpu_sampler.pack_params(seeds, slots, [i] * B, temps, greedy, out=host[PARAMS:PARAMS + 5, :B])
         start, end = cp.cuda.Event(), cp.cuda.Event()
         t1 = time.perf_counter()
         start.record(be.stream)
-        be._run_decode(b, True)
+        be._run_decode(b, True, k)
         end.record(be.stream)
         t2 = time.perf_counter()
         be.lengths[s] = p + 1
-        be._wait_step()
+        be.stream.synchronize()
         t3 = time.perf_counter()
-        out = be.host_out_np
+        out = be.host_out_np[k]
         out[0, :B].astype(np.int64), out[1, :B].view(np.float32).copy()
         t4 = time.perf_counter()
         pos["p"] += 1

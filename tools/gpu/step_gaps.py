@@ -60,7 +60,7 @@ def main(max_batch: int = B, only: str | None = None) -> None:
             ev = Events()
             for _ in range(25):
                 with ev.time(be.stream):
-                    be._run_decode(B, True)
+                    be._run_decode(B, True, 0)
             idle[name] += ev.ms
             graph = be.graphs[(B, True)]
             for _ in range(10):

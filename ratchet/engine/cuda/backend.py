@@ -16,6 +16,11 @@ RoPE, attention output, wo / gate_up / SwiGLU / w_down outputs), logits fp32.
   `decode_sample` (what the engine calls) captures the sampler (kernels/sampler.cu) in the
   same graph, so only tokens and logprobs cross to the host; `decode` returns the logits
   (NumPy, or CuPy with device=True) and `sample` draws from logits on the GPU.
+- Overlap: `decode_sample_async` launches a step and returns at once; with `feed`, a row's
+  input token is read on the GPU from the previous step's sampled tokens (the embedding
+  kernel), so the host can stage and launch step t + 1 before step t's tokens come back,
+  and the host's ~0.1 ms a step is hidden behind the GPU's. Two pinned upload / download
+  buffers alternate between consecutive steps.
 - Prefill: any number of sequences packed into one pass (`prefill_batch`), up to
   `prefill_chunk` rows a pass; the LM head runs only on each sequence's last row.
 
@@ -34,6 +39,7 @@ from typing import Mapping, Sequence
 import cupy as cp
 import numpy as np
 
+from ratchet.engine.backend import ReadyStep, feed_rows
 from ratchet.engine.cuda import sampler as gpu_sampler
 from ratchet.engine.cuda import sync
 from ratchet.engine.cuda.ops import STORAGE, Ops, decode_split
@@ -45,8 +51,9 @@ from ratchet.model.layout import DTYPES, check_update, check_weights, expected_s
 
 PREFILL_CHUNK = 4096  # rows per prefill pass: bounds the activation buffers
 # int32 fields of a decode step's one upload: the model's inputs, then the sampler's params
-TOKENS, SLOTS, POSITIONS, SEQ_LENS, PARAMS = 0, 1, 2, 3, 4
-NUM_FIELDS = 9
+TOKENS, SLOTS, POSITIONS, SEQ_LENS, PARAMS = 0, 1, 2, 3, 4  # PARAMS: 5 rows (sampler.pack_params)
+FEED = 9  # 1 + the previous step's row whose sampled token is this row's input; 0: TOKENS
+NUM_FIELDS = 10
 H2D, D2H = 1, 2  # cudaMemcpyKind
 
 
@@ -82,6 +89,25 @@ class _Workspace:
         self.out = cp.zeros((2, rows), dtype=np.int32)  # sampled tokens, logprobs (float32 bits)
 
 
+class _CudaStep:
+    """A launched `decode_sample`: its tokens and logprobs land in the pinned buffer `buf`
+    when its event fires."""
+
+    def __init__(self, backend: "CudaBackend", n: int, buf: int):
+        self.backend, self.n, self.buf = backend, n, buf
+        self._result: tuple[np.ndarray, np.ndarray] | None = None
+
+    def result(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._result is None:
+            be = self.backend
+            be._done[self.buf].synchronize()
+            out = be.host_out_np[self.buf]
+            self._result = (out[0, :self.n].astype(np.int64), out[1, :self.n].view(np.float32).copy())
+            if be._out_owner[self.buf] is self:
+                be._out_owner[self.buf] = None
+        return self._result
+
+
 class CudaBackend:
     def __init__(self, cfg: ModelConfig, dtype: str = "fp16", max_batch_size: int = 64,
                  max_seq_len: int = 4096, use_graphs: bool = True, prefill_chunk: int = PREFILL_CHUNK):
@@ -109,13 +135,18 @@ class CudaBackend:
         self.stream.synchronize()
         self.kv_layers = [self.kv[i] for i in range(cfg.num_layers)]
         # pinned host twins of dec.ints and dec.out, copied by one raw async copy each way
-        # around the graph (as the graph's first and last nodes instead: no faster on the H200)
+        # around the graph (as the graph's first and last nodes instead: no faster on the H200);
+        # two of each, so that a step can be staged while the one before it runs
         width = self.buckets[-1]
-        self.host_ints = cp.cuda.alloc_pinned_memory(NUM_FIELDS * width * 4)
-        self.host_ints_np = np.frombuffer(self.host_ints, np.int32, NUM_FIELDS * width).reshape(NUM_FIELDS, width)
-        self.host_out = cp.cuda.alloc_pinned_memory(2 * width * 4)
-        self.host_out_np = np.frombuffer(self.host_out, np.int32, 2 * width).reshape(2, width)
-        self._step_in_flight = False  # a step launched and not yet waited for (it may still read host_ints)
+        self.host_ints = [cp.cuda.alloc_pinned_memory(NUM_FIELDS * width * 4) for _ in range(2)]
+        self.host_ints_np = [np.frombuffer(m, np.int32, NUM_FIELDS * width).reshape(NUM_FIELDS, width)
+                             for m in self.host_ints]
+        self.host_out = [cp.cuda.alloc_pinned_memory(2 * width * 4) for _ in range(2)]
+        self.host_out_np = [np.frombuffer(m, np.int32, 2 * width).reshape(2, width) for m in self.host_out]
+        self._done = [cp.cuda.Event(disable_timing=True) for _ in range(2)]  # a step's download done
+        self._out_owner: list[_CudaStep | None] = [None, None]  # the unread step a buffer pair holds
+        self._buf = 0  # the buffer pair the next step stages into
+        self._last_sample: _CudaStep | None = None  # the last sampling step: what `feed` reads
         # decode products run split along K (plan.split_k), e.g. ("wo", "w_down"); off: see plan.py
         self.split_products: tuple[str, ...] = ()
         self.weights: dict[str, cp.ndarray] = {}
@@ -186,13 +217,16 @@ class CudaBackend:
 
     def reset(self) -> None:
         self.lengths[:] = 0
+        self._last_sample = None
 
     # ---------------------------------------------------------------- forward
 
-    def _forward(self, ws: _Workspace, rows: int, attention, split: tuple[str, ...] = ()) -> None:
+    def _forward(self, ws: _Workspace, rows: int, attention, split: tuple[str, ...] = (),
+                 feed: bool = False) -> None:
         """Rows' hidden states through every layer; leaves the final norm's output in ws.h.
         split: of "wo", "w_down", those run as split-K products (plan.split_k) whose slices
-        the next add_rmsnorm sums (decode buckets)."""
+        the next add_rmsnorm sums (decode buckets). feed: rows may take their token from the
+        previous step's sampled tokens (ws.out[0]; decode)."""
         o, eps, cfg = self.ops, self.cfg.rms_norm_eps, self.cfg
         tokens = ws.ints[TOKENS, :rows]
         x, h, qkv, att = ws.x[:rows], ws.h[:rows], ws.qkv[:rows], ws.att[:rows]
@@ -208,7 +242,8 @@ class CudaBackend:
                 o.gemm(inp, w, proj)
                 o.add_rmsnorm(x, proj, norm_weight, h, eps)
 
-        o.embedding(tokens, self.weights["embed.weight"], x)
+        o.embedding(tokens, self.weights["embed.weight"], x,
+                    *((ws.ints[FEED, :rows], ws.out[0]) if feed else ()))
         o.add_rmsnorm(x, None, self.weights["layers.0.attn_norm.weight"], h, eps)
         for layer, (wqkv, bias, wo, mlp_norm, w_gate_up, w_down, next_norm) in enumerate(self.layer_weights):
             o.gemm(h, wqkv, qkv)
@@ -239,18 +274,18 @@ class CudaBackend:
                 self.ops.attention_decode(self._rope(ws, b, layer, qkv, bias), cache, slots, seq_lens, part_acc,
                                           part_ml, att)
 
-        self._forward(ws, b, attention, split=self.split_products)
+        self._forward(ws, b, attention, split=self.split_products, feed=True)
         self.ops.gemm(ws.h[:b], self.head, ws.logits[:b])
         if sample:  # every row of the bucket: padding rows draw harmless greedy tokens
             gpu_sampler.launch(ws.logits[:b], ws.ints[PARAMS:PARAMS + 5], ws.out[0], ws.out[1].view(np.float32),
                                self.gumbel, ws.sample_work)
 
-    def _upload_inputs(self) -> None:  # host_ints -> dec.ints, on the current stream
-        cp.cuda.runtime.memcpyAsync(self.dec.ints.data.ptr, self.host_ints.ptr, self.dec.ints.nbytes, H2D,
+    def _upload_inputs(self, k: int) -> None:  # host_ints[k] -> dec.ints, on the current stream
+        cp.cuda.runtime.memcpyAsync(self.dec.ints.data.ptr, self.host_ints[k].ptr, self.dec.ints.nbytes, H2D,
                                     cp.cuda.get_current_stream().ptr)
 
-    def _download_outputs(self) -> None:  # dec.out -> host_out, on the current stream
-        cp.cuda.runtime.memcpyAsync(self.host_out.ptr, self.dec.out.data.ptr, self.dec.out.nbytes, D2H,
+    def _download_outputs(self, k: int) -> None:  # dec.out -> host_out[k], on the current stream
+        cp.cuda.runtime.memcpyAsync(self.host_out[k].ptr, self.dec.out.data.ptr, self.dec.out.nbytes, D2H,
                                     cp.cuda.get_current_stream().ptr)
 
     def _graph(self, b: int, sample: bool):
@@ -294,39 +329,42 @@ class CudaBackend:
         assert not (positions > self.lengths[slots]).any(), "decode position past the cache"
         return slots, tokens, positions
 
-    def _stage_decode(self, slots, tokens, positions) -> tuple[int, np.ndarray]:
-        """One step's model inputs into the pinned upload buffer; (bucket, the buffer's first
-        bucket columns). Padding rows: token 0 at position 0 of the scratch slot, greedy."""
-        if self._step_in_flight:  # the last step's graph may not have read the buffer yet
-            self._wait_step()
+    def _stage_decode(self, slots, tokens, positions, feed=None) -> tuple[int, np.ndarray, int]:
+        """One step's model inputs into a pinned upload buffer: (bucket, the buffer's first
+        bucket columns, the buffer's index). Padding rows: token 0 at position 0 of the scratch
+        slot, greedy."""
+        k = self._buf
+        owner = self._out_owner[k]
+        if owner is not None:  # the step two launches back: read its result, its upload is done
+            owner.result()
+        self._buf ^= 1
         n = len(slots)
-        b = next(x for x in self.buckets if x >= n)
-        host = self.host_ints_np[:, :b]
+        b = self._bucket(n)
+        host = self.host_ints_np[k][:, :b]
         if n < b:
             host[:, n:] = 0
             host[SLOTS, n:], host[SEQ_LENS, n:] = self.scratch_slot, 1
         host[TOKENS, :n], host[SLOTS, :n], host[POSITIONS, :n] = tokens, slots, positions
         np.add(positions, 1, out=host[SEQ_LENS, :n], casting="unsafe")
-        return b, host
+        if feed is None:
+            host[FEED, :n] = 0
+        else:
+            np.add(feed, 1, out=host[FEED, :n], casting="unsafe")
+        return b, host, k
 
-    def _run_decode(self, b: int, sample: bool) -> None:
-        """Upload the staged inputs, replay bucket b's graph; with the sampler, the tokens and
-        log-probabilities then go to host_out (the caller synchronizes)."""
+    def _run_decode(self, b: int, sample: bool, k: int) -> None:
+        """Upload buffer k's staged inputs, replay bucket b's graph; with the sampler, the
+        tokens and log-probabilities then go to host_out[k] and event _done[k] fires."""
         with self.stream:
-            self._upload_inputs()  # first: a graph's capture runs the step once eagerly, on these inputs
+            self._upload_inputs(k)  # first: a graph's capture runs the step once eagerly, on these inputs
             graph = self._graph(b, sample) if self.use_graphs else None
             if graph is not None:
                 graph.launch(self.stream)
             else:
                 self._decode_body(b, sample)
             if sample:
-                self._download_outputs()
-        self._step_in_flight = True
-
-    def _wait_step(self) -> None:
-        """Until the launched step (its graph, its copies) has finished."""
-        self.stream.synchronize()
-        self._step_in_flight = False
+                self._download_outputs(k)
+                self._done[k].record(self.stream)
 
     def decode(self, slots: Sequence[int], tokens: Sequence[int], positions: Sequence[int],
                device: bool = False):
@@ -335,8 +373,8 @@ class CudaBackend:
         if not len(slots):
             empty = np.zeros((0, self.cfg.vocab_size), dtype=np.float32)
             return cp.asarray(empty) if device else empty
-        b, _ = self._stage_decode(slots, tokens, positions)
-        self._run_decode(b, False)
+        b, _, k = self._stage_decode(slots, tokens, positions)
+        self._run_decode(b, False, k)
         self.lengths[slots] = positions + 1
         with self.stream:
             logits = self.dec.logits[:len(slots)]
@@ -365,18 +403,34 @@ class CudaBackend:
                       greedy) -> tuple[np.ndarray, np.ndarray]:
         """One decode step and the sampler on the GPU: (tokens int64 [B], logprobs float32 [B]),
         the NumPy sampler's tokens for these logits bit for bit."""
+        return self.decode_sample_async(slots, tokens, positions, seeds, request_ids, token_indices,
+                                        temperatures, greedy).result()
+
+    def decode_sample_async(self, slots, tokens, positions, seeds, request_ids, token_indices, temperatures,
+                            greedy, feed=None):
+        """`decode_sample` launched: returns a step whose `result()` waits for it. With `feed`,
+        rows take their input token from the previous sampling step's rows on the GPU."""
+        prev = self._last_sample
+        feed, tokens = feed_rows(feed, tokens, 0 if prev is None else prev.n)
         slots, tokens, positions = self._check_decode(slots, tokens, positions)
         n = len(slots)
         temps, is_greedy = sampling_rows(temperatures, greedy, n, "decode_sample")
         if not n:
-            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
-        b, host = self._stage_decode(slots, tokens, positions)
-        gpu_sampler.pack_params(seeds, request_ids, token_indices, temps, is_greedy, out=host[PARAMS:, :n])
-        self._run_decode(b, True)
+            return ReadyStep(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32))
+        if feed is not None and self.use_graphs and (self._bucket(n), True) not in self.graphs:
+            # a bucket's first step runs its body once eagerly before the capture, and that run's
+            # sampler overwrites the tokens the graph would read: take them from the host instead
+            tokens = np.where(feed >= 0, prev.result()[0][np.maximum(feed, 0)], tokens)
+            feed = None
+        b, host, k = self._stage_decode(slots, tokens, positions, feed)
+        gpu_sampler.pack_params(seeds, request_ids, token_indices, temps, is_greedy, out=host[PARAMS:PARAMS + 5, :n])
+        self._run_decode(b, True, k)
         self.lengths[slots] = positions + 1
-        self._wait_step()  # tokens and logprobs are in host_out
-        out = self.host_out_np
-        return out[0, :n].astype(np.int64), out[1, :n].view(np.float32).copy()
+        step = self._out_owner[k] = self._last_sample = _CudaStep(self, n, k)
+        return step
+
+    def _bucket(self, n: int) -> int:
+        return next(x for x in self.buckets if x >= n)
 
     def prefill_sample(self, slots, token_lists, seeds, request_ids, token_indices, temperatures,
                        greedy) -> tuple[np.ndarray, np.ndarray]:

@@ -11,7 +11,9 @@ def headline(results: dict) -> dict:
         return float(value) if isinstance(value, (int, float)) else None
 
     out = {
-        "decode_ms_per_step_b64": get("decode", "step_ms_median (wall, decode_sample)"),
+        # the engine's step: overlapped (the next step launched before this one's tokens are read)
+        "decode_ms_per_step_b64": get("decode", "step_ms_median (wall, overlapped as the engine runs)"),
+        "decode_ms_per_step_b64_plain": get("decode", "step_ms_median (wall, decode_sample)"),
         "decode_graph_replay_ms_b64": get("decode", "step_ms_graph_replay (ctx 384)"),
         "decode_bandwidth_TBps_b64": get("decode", "bandwidth_TBps (replay, last ctx)"),
         "hf_ms_per_step_b64": get("hf", "step_ms"),

@@ -222,14 +222,22 @@ class Ops:
 
     # ---------------------------------------------------------------- element-wise
 
-    def embedding(self, tokens: cp.ndarray, table: cp.ndarray, out: cp.ndarray) -> None:
+    def embedding(self, tokens: cp.ndarray, table: cp.ndarray, out: cp.ndarray, feed: cp.ndarray | None = None,
+                  prev: cp.ndarray | None = None) -> None:
+        """out[r] = table[token r]; with feed (int32 [rows]) and prev (int32, the previous step's
+        sampled tokens), row r's token is prev[feed[r] - 1] where feed[r] > 0, else tokens[r]."""
         rows = tokens.shape[0]
         vocab, dim = table.shape
         _check(tokens, "embedding tokens", (rows,), np.int32)
         _check(table, "embedding table", dtype=self.storage)
         _check(out, "embedding out", (rows, dim), self.storage)
+        if (feed is None) != (prev is None):
+            raise ValueError("embedding: feed and prev go together")
+        if feed is not None:
+            _check(feed, "embedding feed", (rows,), np.int32)
+            _check(prev, "embedding prev", dtype=np.int32)
         if rows:
-            self.f_embedding((rows,), (128,), (tokens, table, out, _i32(dim), _i32(vocab)))
+            self.f_embedding((rows,), (128,), (tokens, _ptr(feed), _ptr(prev), table, out, _i32(dim), _i32(vocab)))
 
     def add_rmsnorm(self, residual: cp.ndarray, delta: cp.ndarray | None, weight: cp.ndarray,
                     out: cp.ndarray, eps: float, parts: cp.ndarray | None = None) -> None:

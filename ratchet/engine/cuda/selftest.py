@@ -72,7 +72,13 @@ def check_embedding(ops: Ops, rng) -> dict:
     tokens = rng.integers(0, vocab, rows).astype(np.int32)
     out = cp.full((rows, dim), 0x7E00 if ops.dtype != "fp32" else np.nan, dtype=ops.storage)  # poisoned
     ops.embedding(cp.asarray(tokens), to_gpu(table, ops.dtype), out)
-    return compare(to_host(out, ops.dtype), table[tokens], 0, exact=True)
+    plain = compare(to_host(out, ops.dtype), table[tokens], 0, exact=True)
+    # fed rows (feed > 0) take the previous step's token at row feed - 1
+    prev = rng.integers(0, vocab, 50).astype(np.int32)
+    feed = np.where(rng.random(rows) < 0.5, rng.integers(1, 51, rows), 0).astype(np.int32)
+    want = np.where(feed > 0, prev[np.maximum(feed - 1, 0)], tokens)
+    ops.embedding(cp.asarray(tokens), to_gpu(table, ops.dtype), out, cp.asarray(feed), cp.asarray(prev))
+    return _merge(plain, compare(to_host(out, ops.dtype), table[want], 0, exact=True))
 
 
 def check_rmsnorm(ops: Ops, rng) -> dict:

@@ -16,6 +16,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from ratchet.engine.backend import ReadyStep, feed_rows
 from ratchet.engine.numpy.kv_cache import KVCache
 from ratchet.engine.numpy.layers import apply_rope, attention, linear, rms_norm, silu_mul
 from ratchet.engine.sampler import sample
@@ -36,7 +37,7 @@ class NumpyBackend:
         self.storage = STORAGE[dtype]
         self.weights: dict[str, np.ndarray] = {}
         self.rope_cos, self.rope_sin = rope_tables(cfg, max_seq_len)  # [S, hd/2]
-        self.cache = KVCache(cfg, self.storage, max_batch_size, max_seq_len)
+        self.reset()  # the KV cache
 
     # ---------------------------------------------------------------- weights
 
@@ -64,6 +65,7 @@ class NumpyBackend:
 
     def reset(self) -> None:
         self.cache = KVCache(self.cfg, self.storage, self.max_batch_size, self.max_seq_len)
+        self._last_tokens: np.ndarray | None = None  # the last sampling step's tokens (feed)
 
     # ---------------------------------------------------------------- forward
 
@@ -94,8 +96,20 @@ class NumpyBackend:
 
     def decode_sample(self, slots, tokens, positions, seeds, request_ids, token_indices,
                       temperatures, greedy) -> tuple[np.ndarray, np.ndarray]:
-        return sample(self.decode(slots, tokens, positions), seeds, request_ids, token_indices,
-                      temperatures, greedy)
+        return self.decode_sample_async(slots, tokens, positions, seeds, request_ids, token_indices,
+                                        temperatures, greedy).result()
+
+    def decode_sample_async(self, slots, tokens, positions, seeds, request_ids, token_indices,
+                            temperatures, greedy, feed=None) -> ReadyStep:
+        """Computed at once (the CPU has nothing to overlap); `feed` as the protocol says."""
+        prev = self._last_tokens
+        feed, tokens = feed_rows(feed, tokens, 0 if prev is None else len(prev))
+        if feed is not None:
+            tokens = np.where(feed >= 0, prev[np.maximum(feed, 0)], tokens)
+        out = sample(self.decode(slots, tokens, positions), seeds, request_ids, token_indices,
+                     temperatures, greedy)
+        self._last_tokens = out[0]
+        return ReadyStep(*out)
 
     def decode(self, slots: Sequence[int], tokens: Sequence[int],
                positions: Sequence[int]) -> np.ndarray:
