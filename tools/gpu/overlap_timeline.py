@@ -59,7 +59,7 @@ def steps(be, overlap: bool, n: int, start: int) -> list[float]:
                 pending.result()
             pending = nxt
         else:
-            tokens = list(be.decode_sample(slots, tokens, pos, seeds, slots, [start + i] * B, ones, falses))
+            tokens = be.decode_sample(slots, tokens, pos, seeds, slots, [start + i] * B, ones, falses)[0]
         now = time.perf_counter()
         wall.append(now - t)
         t = now
