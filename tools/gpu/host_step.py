@@ -46,7 +46,7 @@ def main() -> None:
 
     for i in range(20):
         decode_sample(i)
-    graph = be._graph(B, True)
+    graph = be._graph(B, True, 0)
 
     def host_only(i):  # what decode_sample does on the host, without the launch
         s, t, p = be._check_decode(slots, toks, [pos["p"] - 1] * B)

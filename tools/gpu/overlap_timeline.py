@@ -3,10 +3,10 @@ launched, its tokens fed on the GPU, before step t is read), as the bench runs t
 of 128), with each mode's per-step wall and its GPU timeline (CUPTI through torch.profiler):
 kernel time a step, the idle gap between steps, the copies.
 
-    PYTHONPATH=. python3 tools/gpu/overlap_timeline.py [two-graphs]
+    PYTHONPATH=. python3 tools/gpu/overlap_timeline.py
 
-two-graphs: each bucket's step captured twice and the two graphs alternated, so that a graph
-is never launched while its previous launch may still run.
+(Two graphs a bucket alternated, so that a graph is never launched while its previous launch
+may still run, made no difference; the backend now keeps one a pinned buffer pair anyway.)
 """
 
 from __future__ import annotations
@@ -23,26 +23,6 @@ from ratchet.engine.cuda.backend import CudaBackend
 from ratchet.engine.cuda.bench import qwen05_config, random_torch_weights
 
 B, PROMPT, STEPS = 64, 128, 40
-
-
-def alternate_graphs(be) -> None:
-    """Patch `be._graph`: two captures a (bucket, sample), used in turn."""
-    plain = be._graph
-    pairs, turn = {}, {"i": 0}
-
-    def graph(b, sample):
-        first = plain(b, sample)
-        if first is None or not sample:
-            return first
-        if (b, sample) not in pairs:
-            with be.stream:
-                be.stream.begin_capture()
-                be._decode_body(b, sample)
-                pairs[(b, sample)] = (first, be.stream.end_capture())
-        turn["i"] ^= 1
-        return pairs[(b, sample)][turn["i"]]
-
-    be._graph = graph
 
 
 def steps(be, overlap: bool, n: int, start: int) -> list[float]:
@@ -96,8 +76,6 @@ def main(args: list[str]) -> None:
     cfg = qwen05_config()
     be = CudaBackend(cfg, "fp16", 512, PROMPT + 256)
     be.load_weights(random_torch_weights(cfg, 0))
-    if "two-graphs" in args:
-        alternate_graphs(be)
     rng = np.random.default_rng(0)
     be.prefill_batch(list(range(B)), [rng.integers(0, cfg.vocab_size, PROMPT).tolist() for _ in range(B)],
                      device=True)

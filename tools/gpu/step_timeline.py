@@ -39,7 +39,7 @@ def short(name: str) -> str:
 def timeline(be, steps: int = 5) -> list[dict]:
     from torch.profiler import ProfilerActivity, profile
 
-    graph = be._graph(B, True)
+    graph = be._graph(B, True, 0)
     be.stream.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
@@ -77,7 +77,7 @@ def graph_nodes(be) -> dict:
     with be.stream:
         be.stream.synchronize()
         rt.streamBeginCapture(be.stream.ptr, getattr(rt, "streamCaptureModeRelaxed", 2))
-        be._decode_body(B, True)
+        be._decode_body(B, True, 0)
         g = rt.streamEndCapture(be.stream.ptr)
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "g.dot").encode()

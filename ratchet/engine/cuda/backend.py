@@ -11,8 +11,9 @@ RoPE, attention output, wo / gate_up / SwiGLU / w_down outputs), logits fp32.
   the captured graphs stay valid and a weight sync allocates nothing.
 - KV cache [layers, slots + 1, 2, kv_heads, max_seq, head_dim]; the extra slot takes the
   padding rows of a decode bucket.
-- Decode: one CUDA graph per batch bucket (1, 2, 4, ..., the next power of two >= max batch)
-  over static buffers; a step uploads its inputs in one copy and replays the graph.
+- Decode: CUDA graphs per batch bucket (1, 2, 4, ..., the next power of two >= max batch)
+  over static buffers, one per pinned host buffer pair; a step's graph reads its inputs from
+  the pinned buffer and writes its tokens back (kernels/staging.cu).
   `decode_sample` (what the engine calls) captures the sampler (kernels/sampler.cu) in the
   same graph, so only tokens and logprobs cross to the host; `decode` returns the logits
   (NumPy, or CuPy with device=True) and `sample` draws from logits on the GPU.
@@ -54,7 +55,6 @@ PREFILL_CHUNK = 4096  # rows per prefill pass: bounds the activation buffers
 TOKENS, SLOTS, POSITIONS, SEQ_LENS, PARAMS = 0, 1, 2, 3, 4  # PARAMS: 5 rows (sampler.pack_params)
 FEED = 9  # 1 + the previous step's row whose sampled token is this row's input; 0: TOKENS
 NUM_FIELDS = 10
-H2D, D2H = 1, 2  # cudaMemcpyKind
 
 
 def buckets_for(max_batch_size: int) -> list[int]:
@@ -87,6 +87,14 @@ class _Workspace:
             # split-K slices of wo / w_down (flat: a bucket's [S, b, d] view is contiguous)
             self.parts = cp.empty(SPLIT_K * min(rows, SPLIT_K_MAX_ROWS) * d, dtype=np.float32)
         self.out = cp.zeros((2, rows), dtype=np.int32)  # sampled tokens, logprobs (float32 bits)
+
+
+def _mapped(host_ptr: int) -> int:
+    """The device address of pinned host memory (the same address under unified addressing)."""
+    try:
+        return int(cp.cuda.runtime.pointerGetAttributes(host_ptr).devicePointer) or host_ptr
+    except Exception:
+        return host_ptr
 
 
 class _CudaStep:
@@ -134,15 +142,17 @@ class CudaBackend:
             self.gumbel = gpu_sampler.gumbel_table()
         self.stream.synchronize()
         self.kv_layers = [self.kv[i] for i in range(cfg.num_layers)]
-        # pinned host twins of dec.ints and dec.out, copied by one raw async copy each way
-        # around the graph (as the graph's first and last nodes instead: no faster on the H200);
-        # two of each, so that a step can be staged while the one before it runs
-        width = self.buckets[-1]
+        # pinned host twins of dec.ints and dec.out, read and written by the step's graph itself
+        # (kernels/staging.cu: no copy-engine copies between back-to-back steps); two of each,
+        # so that a step can be staged while the one before it runs
+        width = self.width = self.buckets[-1]
         self.host_ints = [cp.cuda.alloc_pinned_memory(NUM_FIELDS * width * 4) for _ in range(2)]
         self.host_ints_np = [np.frombuffer(m, np.int32, NUM_FIELDS * width).reshape(NUM_FIELDS, width)
                              for m in self.host_ints]
         self.host_out = [cp.cuda.alloc_pinned_memory(2 * width * 4) for _ in range(2)]
         self.host_out_np = [np.frombuffer(m, np.int32, 2 * width).reshape(2, width) for m in self.host_out]
+        self.host_ints_dev = [_mapped(m.ptr) for m in self.host_ints]
+        self.host_out_dev = [_mapped(m.ptr) for m in self.host_out]
         self._done = [cp.cuda.Event(disable_timing=True) for _ in range(2)]  # a step's download done
         self._out_owner: list[_CudaStep | None] = [None, None]  # the unread step a buffer pair holds
         self._buf = 0  # the buffer pair the next step stages into
@@ -151,7 +161,7 @@ class CudaBackend:
         self.split_products: tuple[str, ...] = ()
         self.weights: dict[str, cp.ndarray] = {}
         self.weight_sync: sync.WeightSync | None = None  # the buffers' pointers, once they exist
-        self.graphs: dict[tuple[int, bool], object] = {}
+        self.graphs: dict[tuple[int, bool, int], object] = {}  # (bucket, sampler, buffer pair)
         self.graph_error: str | None = None
         self.lengths = np.zeros(max_batch_size, dtype=np.int64)
 
@@ -260,8 +270,10 @@ class CudaBackend:
                           q, self.kv_layers[layer], self.cfg.num_heads, self.cfg.num_kv_heads)
         return q
 
-    def _decode_body(self, b: int, sample: bool) -> None:
+    def _decode_body(self, b: int, sample: bool, k: int) -> None:
+        """Bucket b's step on host buffer pair k: inputs in, the model, (the sampler, outputs out)."""
         ws = self.dec
+        self.ops.copy_rows(self.host_ints_dev[k], self.width, ws.ints, self.width, NUM_FIELDS, b)
         slots, seq_lens = ws.ints[SLOTS, :b], ws.ints[SEQ_LENS, :b]
         part_acc, part_ml = ws.part_acc[:b], ws.part_ml[:b]
 
@@ -279,27 +291,21 @@ class CudaBackend:
         if sample:  # every row of the bucket: padding rows draw harmless greedy tokens
             gpu_sampler.launch(ws.logits[:b], ws.ints[PARAMS:PARAMS + 5], ws.out[0], ws.out[1].view(np.float32),
                                self.gumbel, ws.sample_work)
+            self.ops.copy_rows(ws.out, self.width, self.host_out_dev[k], self.width, 2, b)
 
-    def _upload_inputs(self, k: int) -> None:  # host_ints[k] -> dec.ints, on the current stream
-        cp.cuda.runtime.memcpyAsync(self.dec.ints.data.ptr, self.host_ints[k].ptr, self.dec.ints.nbytes, H2D,
-                                    cp.cuda.get_current_stream().ptr)
-
-    def _download_outputs(self, k: int) -> None:  # dec.out -> host_out[k], on the current stream
-        cp.cuda.runtime.memcpyAsync(self.host_out[k].ptr, self.dec.out.data.ptr, self.dec.out.nbytes, D2H,
-                                    cp.cuda.get_current_stream().ptr)
-
-    def _graph(self, b: int, sample: bool):
-        """The captured decode step of bucket b (with or without the sampler), or None when
-        capture is unavailable (then steps run eagerly, same kernels, same results)."""
-        key = (b, sample)
+    def _graph(self, b: int, sample: bool, k: int):
+        """The captured decode step of bucket b (with or without the sampler) on host buffer
+        pair k, or None when capture is unavailable (then steps run eagerly, same kernels,
+        same results)."""
+        key = (b, sample, k)
         graph = self.graphs.get(key)
         if graph is None and self.use_graphs:
             with self.stream:
-                self._decode_body(b, sample)  # warm-up outside the capture: cuBLAS picks its kernels
+                self._decode_body(b, sample, k)  # warm-up outside the capture: cuBLAS picks its kernels
                 self.stream.synchronize()
                 self.stream.begin_capture()
                 try:
-                    self._decode_body(b, sample)
+                    self._decode_body(b, sample, k)
                 except Exception as e:
                     try:
                         self.stream.end_capture()
@@ -353,17 +359,15 @@ class CudaBackend:
         return b, host, k
 
     def _run_decode(self, b: int, sample: bool, k: int) -> None:
-        """Upload buffer k's staged inputs, replay bucket b's graph; with the sampler, the
-        tokens and log-probabilities then go to host_out[k] and event _done[k] fires."""
+        """Bucket b's step on buffer pair k's staged inputs (its graph, or eagerly); with the
+        sampler, the tokens and log-probabilities land in host_out[k] and event _done[k] fires."""
         with self.stream:
-            self._upload_inputs(k)  # first: a graph's capture runs the step once eagerly, on these inputs
-            graph = self._graph(b, sample) if self.use_graphs else None
+            graph = self._graph(b, sample, k) if self.use_graphs else None
             if graph is not None:
                 graph.launch(self.stream)
             else:
-                self._decode_body(b, sample)
+                self._decode_body(b, sample, k)
             if sample:
-                self._download_outputs(k)
                 self._done[k].record(self.stream)
 
     def decode(self, slots: Sequence[int], tokens: Sequence[int], positions: Sequence[int],
@@ -417,7 +421,7 @@ class CudaBackend:
         temps, is_greedy = sampling_rows(temperatures, greedy, n, "decode_sample")
         if not n:
             return ReadyStep(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32))
-        if feed is not None and self.use_graphs and (self._bucket(n), True) not in self.graphs:
+        if feed is not None and self.use_graphs and (self._bucket(n), True, self._buf) not in self.graphs:
             # a bucket's first step runs its body once eagerly before the capture, and that run's
             # sampler overwrites the tokens the graph would read: take them from the host instead
             tokens = np.where(feed >= 0, prev.result()[0][np.maximum(feed, 0)], tokens)

@@ -131,14 +131,14 @@ def bench_decode(backend, batch=64, prompt_len=128, new_tokens=256, seed=0) -> d
     ahead = _generate(backend, batch, prompt_len, new_tokens, seed, overlap=True)
     # graph replay alone at the last context, CUDA events
     b = next(x for x in backend.buckets if x >= batch)
-    graph = backend._graph(b, True)
+    graph = backend._graph(b, True, 0)
 
     def replay():
         if graph is not None:
             graph.launch(backend.stream)
         else:
             with backend.stream:
-                backend._decode_body(b, True)
+                backend._decode_body(b, True, 0)
 
     ev = Events()
     for _ in range(5):
@@ -172,7 +172,7 @@ def profile_decode(backend, batch=64, steps=10, top=24) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     b = next(x for x in backend.buckets if x >= batch)
-    graph = backend._graph(b, True)
+    graph = backend._graph(b, True, 0)
     backend.stream.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
@@ -180,7 +180,7 @@ def profile_decode(backend, batch=64, steps=10, top=24) -> dict:
                 graph.launch(backend.stream)
             else:
                 with backend.stream:
-                    backend._decode_body(b, True)
+                    backend._decode_body(b, True, 0)
         backend.stream.synchronize()
     rows = []
     for evt in prof.key_averages():

@@ -123,7 +123,7 @@ def tensor_core_decode(dtype: str, head_dim: int, group: int) -> bool:
 def expressions(name: str, dtypes=("fp32", "fp16", "bf16"), attn_shapes=((64, 7),)) -> tuple[str, ...]:
     """The template instances of one kernel file for the given dtypes and (head_dim, group)."""
     tags = [DTYPE_TAGS[d] for d in dtypes]
-    if name == "sampler":
+    if name in ("sampler", "staging"):  # extern "C", no templates
         return ()
     if name == "convert":
         return ("convert_f32<0>", "convert_f32<1>", "convert_many<0>", "convert_many<1>", "convert_many<2>")

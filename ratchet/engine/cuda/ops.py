@@ -36,6 +36,11 @@ def _ptr(a):
     return np.uint64(0) if a is None else a
 
 
+def _addr(a):
+    """A CuPy array as a kernel argument, or a raw device address (int) as a 64-bit pointer."""
+    return a if isinstance(a, cp.ndarray) else np.uint64(a)
+
+
 def _aligned16(*arrays: cp.ndarray) -> bool:
     """Every array starts on a 16-byte boundary (the vectorised kernels' loads)."""
     return all(a.data.ptr % 16 == 0 for a in arrays)
@@ -165,6 +170,7 @@ class Ops:
         convert_module = loader.load("convert", loader.expressions("convert"))
         self.f_convert = {"fp16": convert_module.get_function("convert_f32<0>"),
                           "bf16": convert_module.get_function("convert_f32<1>")}
+        self.f_copy_rows = loader.load("staging").get_function("copy_rows")
         self.blas = Cublas()
         self._one = np.ones(1, dtype=np.float32)
         self._zero = np.zeros(1, dtype=np.float32)
@@ -221,6 +227,22 @@ class Ops:
                                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
 
     # ---------------------------------------------------------------- element-wise
+
+    def copy_rows(self, src, src_pitch: int, dst, dst_pitch: int, rows: int, cols: int) -> None:
+        """int32 dst[r, c] = src[r, c] for r < rows, c < cols (row-major, pitches in elements);
+        src / dst: CuPy arrays or device addresses (ints), e.g. of mapped pinned host memory."""
+        n = rows * cols
+        if n <= 0:
+            return
+        if cols > min(src_pitch, dst_pitch):
+            raise ValueError(f"copy_rows: {cols} columns exceed a pitch ({src_pitch}, {dst_pitch})")
+        for a, what in ((src, "src"), (dst, "dst")):
+            if isinstance(a, cp.ndarray):
+                _check(a, f"copy_rows {what}", dtype=np.int32)
+                if a.size < (rows - 1) * (src_pitch if what == "src" else dst_pitch) + cols:
+                    raise ValueError(f"copy_rows: {what} of {a.size} elements is too small")
+        self.f_copy_rows((min(64, -(-n // 256)),), (256,), (_addr(src), _i32(src_pitch), _addr(dst), _i32(dst_pitch),
+                                                            _i32(rows), _i32(cols)))
 
     def embedding(self, tokens: cp.ndarray, table: cp.ndarray, out: cp.ndarray, feed: cp.ndarray | None = None,
                   prev: cp.ndarray | None = None) -> None:

@@ -81,6 +81,29 @@ def check_embedding(ops: Ops, rng) -> dict:
     return _merge(plain, compare(to_host(out, ops.dtype), table[want], 0, exact=True))
 
 
+def check_staging(ops: Ops, rng) -> dict:
+    """copy_rows between mapped pinned host memory and the GPU, pitches and a column subset."""
+    from ratchet.engine.cuda.backend import _mapped
+
+    rows, pitch, cols = 10, 96, 37
+    pinned = cp.cuda.alloc_pinned_memory(rows * pitch * 4)
+    host = np.frombuffer(pinned, np.int32, rows * pitch).reshape(rows, pitch)
+    host[:] = rng.integers(-2**31, 2**31, (rows, pitch), dtype=np.int64).astype(np.int32)
+    dev = cp.full((rows, pitch + 5), -7, dtype=np.int32)
+    ops.copy_rows(_mapped(pinned.ptr), pitch, dev, pitch + 5, rows, cols)
+    back_pinned = cp.cuda.alloc_pinned_memory(rows * pitch * 4)
+    back = np.frombuffer(back_pinned, np.int32, rows * pitch).reshape(rows, pitch)
+    back[:] = 3
+    ops.copy_rows(dev, pitch + 5, _mapped(back_pinned.ptr), pitch, rows, cols)
+    cp.cuda.runtime.deviceSynchronize()
+    got = cp.asnumpy(dev)
+    want = np.full((rows, pitch + 5), -7, dtype=np.int32)
+    want[:, :cols] = host[:, :cols]
+    want_back = np.full((rows, pitch), 3, dtype=np.int32)
+    want_back[:, :cols] = host[:, :cols]
+    return _merge(compare(got, want, 0, exact=True), compare(back, want_back, 0, exact=True))
+
+
 def check_rmsnorm(ops: Ops, rng) -> dict:
     rows, dim, eps = 19, 896, 1e-6
     dt = ops.dtype
@@ -339,6 +362,7 @@ def selftest(dtype: str = "fp16", shapes=((64, 14, 2),), seed: int | None = None
         tag = f"[hd={hd},H={heads},K={kv_heads}]"
         if not results:
             results["embedding"] = check_embedding(ops, rng)
+            results["staging"] = check_staging(ops, rng)
             results["rmsnorm"] = check_rmsnorm(ops, rng)
             results["swiglu"] = check_swiglu(ops, rng)
             results["gemm"] = check_gemm(ops, rng)
