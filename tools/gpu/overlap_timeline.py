@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 from ratchet.engine.cuda.backend import CudaBackend
-from ratchet.engine.cuda.bench import qwen05_config, random_torch_weights
+from ratchet.engine.cuda.bench import _generate, qwen05_config, random_torch_weights
 
 B, PROMPT, STEPS = 64, 128, 40
 
@@ -81,6 +81,15 @@ def main(args: list[str]) -> None:
                      device=True)
     steps(be, False, 4, PROMPT)  # graphs captured
     pos = PROMPT + 4
+    for rnd in range(2):  # the bench's own loop (prompts of 128, 255 steps), each mode in turn
+        for overlap in (False, True):
+            ms = 1e3 * np.asarray(_generate(be, B, PROMPT, 256, 0, overlap=overlap)["steps_s"][1:])
+            print(f"bench loop {'overlapped' if overlap else 'plain':10s} median {np.median(ms):.4f} ms, p10 "
+                  f"{np.percentile(ms, 10):.4f}, p90 {np.percentile(ms, 90):.4f}; steps 1-4, 100-103, 250-253: "
+                  + " ".join(f"{x:.3f}" for x in np.r_[ms[:4], ms[100:104], ms[-4:]]), flush=True)
+    be.reset()
+    be.prefill_batch(list(range(B)), [rng.integers(0, cfg.vocab_size, PROMPT).tolist() for _ in range(B)],
+                     device=True)
     for rnd in range(2):
         for overlap in (False, True):
             wall = steps(be, overlap, STEPS, pos)
