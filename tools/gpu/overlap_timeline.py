@@ -90,6 +90,7 @@ def main(args: list[str]) -> None:
     be.reset()
     be.prefill_batch(list(range(B)), [rng.integers(0, cfg.vocab_size, PROMPT).tolist() for _ in range(B)],
                      device=True)
+    pos = PROMPT
     for rnd in range(2):
         for overlap in (False, True):
             wall = steps(be, overlap, STEPS, pos)

@@ -211,32 +211,40 @@ def bench_throughput(backend, batch=512, prompt_len=128, new_tokens=256, seed=1)
 
 def bench_engine(cfg, weights_torch: dict, batch=64, prompt_len=128, new_tokens=64, seed=0) -> dict:
     """The same decode through `Engine` (prefill_batch with logits copied to the host and
-    sampled by the NumPy sampler, then decode_sample steps)."""
+    sampled by the NumPy sampler, then decode steps with the engine's own bookkeeping), with
+    its steps overlapped (the default) and plain, the same tokens checked."""
     from types import SimpleNamespace
 
     from ratchet.engine.engine import Engine
     from ratchet.engine.request import Request
 
     model = SimpleNamespace(cfg=cfg, weights=weights_torch, dtype="fp16")
-    engine = Engine(model, backend="cuda", max_batch_size=batch, max_seq_len=prompt_len + new_tokens)
-    rng = np.random.default_rng(seed)
-    reqs = [Request(i, rng.integers(0, cfg.vocab_size, prompt_len).tolist(), max_new_tokens=new_tokens, seed=seed)
-            for i in range(batch)]
-    for r in reqs:
-        engine.add(r)
-    t = time.perf_counter()
-    engine.step()  # admits and prefills everything, first decode
-    t_first = time.perf_counter() - t
-    step_s = []
-    while engine.num_unfinished:
+    out, outputs = {"batch": batch, "new_tokens": new_tokens}, {}
+    for overlap in (True, False):
+        engine = Engine(model, backend="cuda", max_batch_size=batch, max_seq_len=prompt_len + new_tokens,
+                        overlap=overlap)
+        rng = np.random.default_rng(seed)
+        reqs = [Request(i, rng.integers(0, cfg.vocab_size, prompt_len).tolist(), max_new_tokens=new_tokens,
+                        seed=seed) for i in range(batch)]
+        for r in reqs:
+            engine.add(r)
         t = time.perf_counter()
-        engine.step()
-        step_s.append(time.perf_counter() - t)
-    out = {"batch": batch, "new_tokens": new_tokens,
-           "first_step_s (prefill, host sampling of its logits, graph capture)": t_first,
-           "step_ms_median": 1e3 * float(np.median(step_s[1:])), "tokens_per_s (engine stats)": engine.stats.tokens_per_s,
-           "all_lengths_ok": all(len(r.output) == new_tokens for r in reqs)}
-    del engine
+        engine.step()  # admits and prefills everything, first decode
+        t_first = time.perf_counter() - t
+        step_s = []
+        while engine.num_unfinished:
+            t = time.perf_counter()
+            engine.step()
+            step_s.append(time.perf_counter() - t)
+        tag = "overlapped" if overlap else "plain"
+        out[f"step_ms_median ({tag})"] = 1e3 * float(np.median(step_s[1:]))
+        out[f"tokens_per_s (engine stats, {tag})"] = engine.stats.tokens_per_s
+        if overlap:
+            out["first_step_s (prefill, host sampling of its logits, graph capture)"] = t_first
+        outputs[overlap] = [r.output for r in reqs]
+        out[f"all_lengths_ok ({tag})"] = all(len(r.output) == new_tokens for r in reqs)
+        del engine
+    out["same_tokens_both_ways"] = outputs[True] == outputs[False]
     return out
 
 
