@@ -20,6 +20,7 @@ attn_decode_partial(const typename D::T* __restrict__ q, const typename D::T* __
                     const int* __restrict__ slots, const int* __restrict__ seq_lens,
                     float* __restrict__ part_acc, float* __restrict__ part_ml,
                     int num_kv_heads, int max_seq, int split_len, int nsplit, float scale) {
+    pdl_begin();
     static_assert(HD % 8 == 0 && HD <= 2 * TILE, "head_dim must be a multiple of 8, at most 128");
     constexpr int PAIRS = HD / 2;          // dim pairs, one per thread in the PV phase
     constexpr int GROUPS = TILE / PAIRS;   // position groups in the PV phase
@@ -153,6 +154,7 @@ template <class D, int HD, int G>
 __global__ void attn_decode_combine(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
                                     const int* __restrict__ seq_lens, typename D::T* __restrict__ out,
                                     int num_kv_heads, int split_len, int nsplit) {
+    pdl_begin();
     const int r = blockIdx.x, qh = blockIdx.y, d = threadIdx.x;
     const int g = qh / G, h = qh % G;
     const int ns = (seq_lens[r] + split_len - 1) / split_len;
@@ -246,6 +248,7 @@ attn_decode_mma(const typename D::T* __restrict__ q, typename D::T* cache,
                 int num_kv_heads, int max_seq, int split_len, int nsplit, float scale,
                 const float* __restrict__ qkv, const typename D::T* __restrict__ bias,
                 const float* __restrict__ cos_table, const float* __restrict__ sin_table) {
+    pdl_begin();
     static_assert(HD == 64 || HD == 128, "head_dim 64 or 128");
     static_assert(G >= 1 && G <= 16, "at most 16 query heads a kv head");
     typedef typename D::T T;

@@ -16,6 +16,7 @@ template <class D, int HD, int G>
 __global__ void attn_prefill(const typename D::T* __restrict__ q, const typename D::T* __restrict__ cache,
                              const int4* __restrict__ tiles, typename D::T* __restrict__ out,
                              int num_kv_heads, int max_seq, int qt, float scale) {
+    pdl_begin();
     constexpr int DS = HD > 64 ? HD / 64 : 1;  // threads sharing one query vector
     constexpr int PD = HD / DS;                // dims per thread
     static_assert(HD % 8 == 0 && HD % DS == 0 && PD % 4 == 0 && (DS & (DS - 1)) == 0,

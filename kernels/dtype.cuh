@@ -9,6 +9,18 @@
 #define INFINITY __int_as_float(0x7f800000)
 #endif
 
+// Programmatic dependent launch (sm_90+; ratchet/engine/cuda/launch.py). Every kernel calls
+// this first: launched with the PDL attribute, it may start while the previous kernel in the
+// stream drains, so it waits here, before touching memory, until that kernel has completed
+// and its writes are visible (griddepcontrol.wait), then lets the next kernel be scheduled.
+// Launched normally (or before sm_90) both are no-ops.
+__device__ __forceinline__ void pdl_begin() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 struct F32 {
     typedef float T;
     static __device__ __forceinline__ float load(T x) { return x; }

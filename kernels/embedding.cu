@@ -7,6 +7,7 @@
 template <class D>
 __global__ void embedding(const int* __restrict__ tokens, const int* __restrict__ feed, const int* __restrict__ prev,
                           const typename D::T* __restrict__ table, typename D::T* __restrict__ out, int dim, int vocab) {
+    pdl_begin();
     const int r = blockIdx.x;
     const int from = feed != nullptr ? feed[r] : 0;
     int tok = from > 0 ? prev[from - 1] : tokens[r];

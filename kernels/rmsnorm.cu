@@ -13,6 +13,7 @@ template <class D>
 __global__ void add_rmsnorm(typename D::T* __restrict__ residual, const typename D::T* __restrict__ delta,
                             const float* __restrict__ parts, int nparts, const typename D::T* __restrict__ weight,
                             typename D::T* __restrict__ out, int dim, float eps) {
+    pdl_begin();
     extern __shared__ float row[];  // [dim]
     __shared__ float partial[32];
     const long long base = (long long)blockIdx.x * dim;
@@ -64,6 +65,7 @@ __global__ void __launch_bounds__(128)
 add_rmsnorm_warp(typename D::T* __restrict__ residual, const typename D::T* __restrict__ delta,
                  const float* __restrict__ parts, const typename D::T* __restrict__ weight,
                  typename D::T* __restrict__ out, int rows, int dim, float eps) {
+    pdl_begin();
     constexpr int NV = Vec16<D>::N;
     constexpr int PV = P > 0 ? P : 1;  // slices held (one unused when P == 0)
     constexpr int F4 = NV / 4;         // float4 loads of one slice a vector

@@ -16,6 +16,7 @@ __global__ void rope_qkv(const float* __restrict__ qkv, const typename D::T* __r
                          const int* __restrict__ positions, const int* __restrict__ slots,
                          typename D::T* __restrict__ q_out, typename D::T* __restrict__ cache,
                          int num_heads, int num_kv_heads, int head_dim, int max_seq) {
+    pdl_begin();
     const int r = blockIdx.x;
     const int half = head_dim >> 1;
     const int width = (num_heads + 2 * num_kv_heads) * head_dim;

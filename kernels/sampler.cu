@@ -266,6 +266,7 @@ sample(const float* __restrict__ logits, long long row_stride, int vocab, int ch
        const int* __restrict__ params, int ld, const float* __restrict__ gumbel_table,
        Partial* __restrict__ partials, int* __restrict__ counters, int* __restrict__ tokens_out,
        float* __restrict__ logprobs_out) {
+    pdl_begin();
     __shared__ int sm_last;
     const int r = blockIdx.x, c = blockIdx.y, nchunks = gridDim.y;
     const float* x = logits + (long long)r * row_stride;
@@ -352,6 +353,7 @@ sample(const float* __restrict__ logits, long long row_stride, int vocab, int ch
 // The approximate noise against the table over every m: out[0] = max |g~ - g| (as float
 // bits, atomicMax over non-negative floats), for the test.
 extern "C" __global__ void gumbel_error(const float* __restrict__ table, int n, unsigned int* __restrict__ out) {
+    pdl_begin();
     float worst = 0.f;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
         worst = fmaxf(worst, fabsf(gumbel_approx((unsigned int)i) - table[i]));

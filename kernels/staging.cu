@@ -3,9 +3,12 @@
 // the device's address space), instead of copy-engine copies around the graph: consecutive
 // steps then run back to back without a hand-over between the compute and copy engines
 // (~20 us a step on the H200 when the next step is already queued).
+#include "dtype.cuh"
+
 // copy_rows: dst[r, c] = src[r, c] for r < rows, c < cols, both row-major with their pitches.
 extern "C" __global__ void copy_rows(const int* __restrict__ src, int src_pitch, int* __restrict__ dst,
                                      int dst_pitch, int rows, int cols) {
+    pdl_begin();
     const int n = rows * cols;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
         const int r = i / cols, c = i - r * cols;

@@ -10,6 +10,7 @@ __device__ __forceinline__ float silu_mul(float g, float u) {
 template <class D>
 __global__ void swiglu(const typename D::T* __restrict__ gate_up, typename D::T* __restrict__ out,
                        int rows, int inter) {
+    pdl_begin();
     const long long n = (long long)rows * inter;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x) {
@@ -24,6 +25,7 @@ __global__ void swiglu(const typename D::T* __restrict__ gate_up, typename D::T*
 template <class D>
 __global__ void swiglu_vec(const typename D::T* __restrict__ gate_up, typename D::T* __restrict__ out,
                            int rows, int inter) {
+    pdl_begin();
     constexpr int NV = Vec16<D>::N;
     const int iv = inter / NV;  // vectors per row of out
     const long long n = (long long)rows * iv;

@@ -258,6 +258,33 @@ def _rollout(cuda, cfg, use_graphs=True):
     return logits, out_tokens, out_lp
 
 
+def test_programmatic_launch_bit_equal_to_plain_launch(monkeypatch):
+    """Kernels launched with programmatic dependent launch (launch.py; on where the GPU has
+    compute capability >= 9.0) give the same bits as plain launches, graphs and eager."""
+    import cupy as cp
+
+    from ratchet.engine.cuda import launch, sampler
+    from ratchet.engine.cuda.backend import CudaBackend
+
+    if int(cp.cuda.Device().compute_capability) >= 90:
+        assert launch.enabled()
+    cfg = small_config("b")
+    weights = random_weights(cfg, 21, "fp16")
+    runs = []
+    for pdl in (True, False):
+        if not pdl:  # plain launches from here on: fresh Ops, a fresh sampler kernel
+            monkeypatch.setattr(launch, "_driver", False)
+            monkeypatch.setattr(sampler, "_kernels", {})
+        for use_graphs in (True, False):
+            cuda = CudaBackend(cfg, "fp16", 8, 256)
+            cuda.load_weights(weights)
+            runs.append(_rollout(cuda, cfg, use_graphs))
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other):
+            for x, y in zip(a, b):
+                np.testing.assert_array_equal(x, y)
+
+
 def test_run_to_run_identical_and_graphs_equal_eager():
     from ratchet.engine.cuda.backend import CudaBackend
 

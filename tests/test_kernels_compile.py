@@ -124,3 +124,22 @@ def test_compiles_with_nvrtc_sm90(name):
     lib.nvrtcGetProgramLog(prog, log)
     lib.nvrtcDestroyProgram(ctypes.byref(prog))
     assert rc == 0, log.value.decode()[-4000:]
+
+
+def test_every_kernel_waits_for_its_predecessor_first():
+    """ratchet/engine/cuda/launch.py launches kernels with programmatic dependent launch: a
+    kernel may then start before the previous one has finished, so every __global__ function's
+    first statement must be pdl_begin() (griddepcontrol.wait before any memory access)."""
+    import re
+
+    from ratchet.engine.cuda import loader
+
+    found = 0
+    for path in sorted(loader.KERNEL_DIR.glob("*.cu")):
+        text = path.read_text()
+        for m in re.finditer(r"__global__[^;{]*?\)\s*\{", text, re.S):
+            body = text[m.end():m.end() + 200].lstrip()
+            assert body.startswith("pdl_begin();"), f"{path.name}: a kernel does not start with pdl_begin(): " \
+                                                    f"{text[m.start():m.end()][:120]!r}"
+            found += 1
+    assert found >= 14

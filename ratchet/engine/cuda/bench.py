@@ -404,7 +404,10 @@ def bench(batch: int = 64, big_batch: int = 512, prompt_len: int = 128, new_toke
     """Each section's figures (or its error); see the module docstring."""
     from ratchet.engine.cuda.backend import CudaBackend
 
-    results: dict = {"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "dtype": dtype}
+    from ratchet.engine.cuda import launch
+
+    results: dict = {"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "dtype": dtype,
+                     "programmatic_dependent_launch": launch.enabled()}
     cfg = qwen05_config()
     backend = weights = None
     if {"decode", "profile", "throughput", "profile_big", "engine", "sync"} & set(sections):

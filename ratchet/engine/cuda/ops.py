@@ -16,6 +16,7 @@ import cupy as cp
 import numpy as np
 
 from ratchet.engine.cuda import loader
+from ratchet.engine.cuda.launch import pdl_kernel
 from ratchet.engine.cuda.plan import DECODE_TILE, SPLIT_K, decode_split, mma_decode_plan
 
 STORAGE = {"fp32": np.float32, "fp16": np.float16, "bf16": np.uint16}  # bf16 as its bit patterns
@@ -159,8 +160,10 @@ class Ops:
             fn.update({e.split("<")[0]: module.get_function(e) for e in exprs})
         norm_exprs = loader.expressions("rmsnorm", (dtype,))
         norm = loader.load("rmsnorm", norm_exprs)
-        self.f_rmsnorm = norm.get_function(norm_exprs[0])
-        self.f_rmsnorm_warp = {0: norm.get_function(norm_exprs[1]), SPLIT_K: norm.get_function(norm_exprs[2])}
+        fn = {k: pdl_kernel(v) for k, v in fn.items()}  # programmatic dependent launch (launch.py)
+        self.f_rmsnorm = pdl_kernel(norm.get_function(norm_exprs[0]))
+        self.f_rmsnorm_warp = {0: pdl_kernel(norm.get_function(norm_exprs[1])),
+                               SPLIT_K: pdl_kernel(norm.get_function(norm_exprs[2]))}
         self.f_embedding, self.f_swiglu_vec = fn["embedding"], fn["swiglu_vec"]
         self.f_rope, self.f_swiglu = fn["rope_qkv"], fn["swiglu"]
         self.vec = 16 // self.storage.itemsize  # values per 16-byte vector
@@ -170,7 +173,7 @@ class Ops:
         convert_module = loader.load("convert", loader.expressions("convert"))
         self.f_convert = {"fp16": convert_module.get_function("convert_f32<0>"),
                           "bf16": convert_module.get_function("convert_f32<1>")}
-        self.f_copy_rows = loader.load("staging").get_function("copy_rows")
+        self.f_copy_rows = pdl_kernel(loader.load("staging").get_function("copy_rows"))
         self.blas = Cublas()
         self._one = np.ones(1, dtype=np.float32)
         self._zero = np.zeros(1, dtype=np.float32)

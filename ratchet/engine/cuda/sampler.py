@@ -17,6 +17,7 @@ import cupy as cp
 import numpy as np
 
 from ratchet.engine.cuda import loader
+from ratchet.engine.cuda.launch import pdl_kernel
 from ratchet.engine.rng import UNIFORM_BITS, as_uint32, bits_to_uniform
 from ratchet.engine.sampler import gumbel_noise, sampling_rows
 
@@ -44,7 +45,7 @@ def _kernel(name: str):
     key = (name, cp.cuda.runtime.getDevice())
     fn = _kernels.get(key)
     if fn is None:
-        fn = _kernels[key] = loader.load("sampler").get_function(name)
+        fn = _kernels[key] = pdl_kernel(loader.load("sampler").get_function(name))
     return fn
 
 
