@@ -157,8 +157,8 @@ class CudaBackend:
         self._out_owner: list[_CudaStep | None] = [None, None]  # the unread step a buffer pair holds
         self._buf = 0  # the buffer pair the next step stages into
         self._last_sample: _CudaStep | None = None  # the last sampling step: what `feed` reads
-        # decode products run split along K (plan.split_k), e.g. ("wo", "w_down"); off: see plan.py
-        self.split_products: tuple[str, ...] = ()
+        # decode products run split along K where plan.split_k says so (small buckets); () for none
+        self.split_products: tuple[str, ...] = ("wo", "w_down")
         self.weights: dict[str, cp.ndarray] = {}
         self.weight_sync: sync.WeightSync | None = None  # the buffers' pointers, once they exist
         self.graphs: dict[tuple[int, bool, int], object] = {}  # (bucket, sampler, buffer pair)

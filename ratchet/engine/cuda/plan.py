@@ -11,13 +11,13 @@ MMA_WARPS_MANY_ROWS = 4  # warps a block when the rows alone fill the GPU
 MMA_TARGET_BLOCKS = 264  # ~2 blocks a multiprocessor (132 on an H100 / H200)
 MMA_SMEM_BYTES = 44 * 1024  # the merge's dynamic shared memory: with q_s (<= 4 KiB) under the 48 KiB default
 # wo and w_down of a small decode bucket as K in SPLIT_K slices, one strided-batched product
-# (ops.gemm_split) summed by the next add_rmsnorm: an option, off by default
-# (CudaBackend.split_products). At M = 64 cuBLAS's own kernel fills few of the 132
-# multiprocessors; split, the products alone are faster (H200, weights from HBM: wo 4.07 ->
-# 3.14 us, w_down 7.81 -> 5.44 us with its split-K reduce kernel gone; tools/gpu/splitk_sweep.py)
-# and the step's kernels sum to ~70 us less, but a step replayed from an idle GPU, as the
-# bench and the engine run it, takes the same time (tools/gpu/step_gaps.py; kernels/NOTES.md
-# run 5). rmsnorm.cu instantiates add_rmsnorm_warp<D, SPLIT_K>.
+# (ops.gemm_split) summed by the next add_rmsnorm (CudaBackend.split_products, on by default).
+# At M = 64 cuBLAS's own kernel fills few of the 132 multiprocessors; split, the products
+# alone are faster (H200, weights from HBM: wo 4.07 -> 3.14 us, w_down 7.81 -> 5.44 us with its
+# split-K reduce kernel gone; tools/gpu/splitk_sweep.py). Launched plainly, the step's other
+# gaps grew by as much as the products gained; with programmatic dependent launch
+# (launch.py) they do not, and the B = 64 step is ~5% faster than either alone (kernels/NOTES.md
+# run 6). rmsnorm.cu instantiates add_rmsnorm_warp<D, SPLIT_K>.
 SPLIT_K = 4
 SPLIT_K_MAX_ROWS = 64
 
