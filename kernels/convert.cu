@@ -6,6 +6,8 @@
 // array of descriptors (src, dst, n, first chunk); the work is cut into chunks of
 // CONVERT_CHUNK elements that blocks take in a grid-stride loop, each thread 8 consecutive
 // elements per step (two 16-byte loads, one 16-byte store), all its loads issued first.
+// Launched plainly (no programmatic dependent launch, so no pdl_begin): griddepcontrol at the
+// start of these kernels cost a quarter of a sync on the H200 (kernels/NOTES.md run 6).
 #include "dtype.cuh"
 
 #define CONVERT_CHUNK 8192  // elements per chunk: a multiple of 8, 4 steps of 256 threads
@@ -33,7 +35,6 @@ __device__ __forceinline__ unsigned short to_bits(float f) {
 
 template <int BF16_OUT>
 __global__ void convert_f32(const float* __restrict__ src, unsigned short* __restrict__ dst, long long n) {
-    pdl_begin();
     const long long stride = (long long)gridDim.x * blockDim.x;
     const long long nvec = n / 4;
     const bool aligned = (reinterpret_cast<size_t>(src) & 15) == 0 && (reinterpret_cast<size_t>(dst) & 7) == 0;
@@ -69,7 +70,6 @@ __device__ __forceinline__ unsigned int pack2(unsigned short lo, unsigned short 
 template <int MODE>
 __global__ void __launch_bounds__(256, 4)
 convert_many(const ConvertDesc* __restrict__ descs, int ndesc, long long nchunks) {
-    pdl_begin();
     constexpr int STEPS = CONVERT_CHUNK / (8 * 256);
     for (long long c = blockIdx.x; c < nchunks; c += gridDim.x) {
         int lo = 0, hi = ndesc - 1;  // the last descriptor with chunk0 <= c

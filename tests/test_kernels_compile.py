@@ -126,6 +126,11 @@ def test_compiles_with_nvrtc_sm90(name):
     assert rc == 0, log.value.decode()[-4000:]
 
 
+# Launched plainly, never through launch.pdl_kernel: the weight sync's conversion kernels, where
+# griddepcontrol at the start cost a quarter of a sync (1.16-1.22 -> 1.49-1.62 ms, H200).
+PLAIN_LAUNCH = {"convert.cu"}
+
+
 def test_every_kernel_waits_for_its_predecessor_first():
     """ratchet/engine/cuda/launch.py launches kernels with programmatic dependent launch: a
     kernel may then start before the previous one has finished, so every __global__ function's
@@ -136,10 +141,14 @@ def test_every_kernel_waits_for_its_predecessor_first():
 
     found = 0
     for path in sorted(loader.KERNEL_DIR.glob("*.cu")):
+        if path.name in PLAIN_LAUNCH:
+            continue
         text = path.read_text()
         for m in re.finditer(r"__global__[^;{]*?\)\s*\{", text, re.S):
             body = text[m.end():m.end() + 200].lstrip()
             assert body.startswith("pdl_begin();"), f"{path.name}: a kernel does not start with pdl_begin(): " \
                                                     f"{text[m.start():m.end()][:120]!r}"
             found += 1
-    assert found >= 14
+    assert found >= 12
+    ops = (ROOT / "ratchet/engine/cuda/ops.py").read_text() + (ROOT / "ratchet/engine/cuda/sync.py").read_text()
+    assert not re.search(r"pdl_kernel\([^)]*convert", ops), "convert.cu's kernels must launch plainly"

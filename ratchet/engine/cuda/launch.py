@@ -10,7 +10,8 @@ completed and its writes are visible) before it touches memory, then
 `griddepcontrol.launch_dependents`. So the results are the same bits either way; only the
 gaps between kernels change. Stream capture records the launches as programmatic edges.
 
-`pdl_kernel(raw)` wraps a CuPy RawKernel in a callable with the same (grid, block, args,
+The weight sync's conversion kernels (convert.cu) are the exception: launched plainly, without
+pdl_begin (it cost a quarter of a sync there). `pdl_kernel(raw)` wraps a CuPy RawKernel in a callable with the same (grid, block, args,
 shared_mem=0) signature. PDL is on where the device has compute capability >= 9.0 and the
 driver exports cuLaunchKernelEx, unless RATCHET_PDL=0 (for A/B measurements).
 """
