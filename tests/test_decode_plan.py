@@ -61,7 +61,7 @@ def test_tensor_core_instances_only_where_supported():
 
 
 def test_split_k_plan_and_its_kernel_instance():
-    """The optional split-K decode products (plan.split_k): Qwen2.5-0.5B's wo (K 896) and
+    """The split-K decode products (plan.split_k, on by default): Qwen2.5-0.5B's wo (K 896) and
     w_down (K 4864) split in SPLIT_K slices of a multiple of 8 up to SPLIT_K_MAX_ROWS rows, and
     rmsnorm.cu is instantiated for that many slices."""
     assert plan.split_k(64, 896) == plan.split_k(1, 4864) == plan.SPLIT_K
