@@ -238,7 +238,10 @@ def test_decode_sample_matches_host_sampler():
 # ------------------------------------------------------------------ determinism
 
 
-def _rollout(cuda, cfg, use_graphs=True):
+def _rollout(cuda, cfg, use_graphs=True, overlap=False):
+    """20 decode steps of 6 prompts (1..79 tokens), the batch shrinking 6, 5 (bucket 8), 4, 3
+    (bucket 4). overlap: each step launched before the previous one's tokens are read, the
+    continuing rows fed on the GPU (the rows that leave are the last, so row i feeds row i)."""
     rng = np.random.default_rng(13)
     cuda.use_graphs = use_graphs
     slots = list(range(6))
@@ -246,15 +249,26 @@ def _rollout(cuda, cfg, use_graphs=True):
     logits = [host(cuda.prefill_batch(slots, prompts))]
     tokens = [int(np.argmax(x)) for x in logits[0]]
     positions = [len(p) for p in prompts]
-    out_tokens, out_lp = [], []
+    out_tokens, out_lp, pending = [], [], None
     for step in range(20):
-        active = slots[: 6 - step // 5]  # the batch shrinks: 6, 5 (bucket 8), 4, 3 (bucket 4)
-        t, lp = cuda.decode_sample(active, tokens[: len(active)], positions[: len(active)], [0] * len(active),
-                                   active, [step] * len(active), [1.0] * len(active), [False] * len(active))
+        active = slots[: 6 - step // 5]
+        n = len(active)
+        args = (active, tokens[:n], positions[:n], [0] * n, active, [step] * n, [1.0] * n, [False] * n)
+        if overlap:
+            nxt = cuda.decode_sample_async(*args, feed=None if pending is None else list(range(n)))
+            t, lp = pending.result() if pending is not None else (None, None)
+            pending = nxt
+        else:
+            t, lp = cuda.decode_sample(*args)
+            tokens = list(t) + tokens[n:]
+        if t is not None:
+            out_tokens.append(t)
+            out_lp.append(lp)
+        positions = [p + 1 if i < n else p for i, p in enumerate(positions)]
+    if pending is not None:
+        t, lp = pending.result()
         out_tokens.append(t)
         out_lp.append(lp)
-        tokens = list(t) + tokens[len(active):]
-        positions = [p + 1 if i < len(active) else p for i, p in enumerate(positions)]
     return logits, out_tokens, out_lp
 
 
@@ -279,8 +293,14 @@ def test_programmatic_launch_bit_equal_to_plain_launch(monkeypatch):
             cuda = CudaBackend(cfg, "fp16", 8, 256)
             cuda.load_weights(weights)
             runs.append(_rollout(cuda, cfg, use_graphs))
+    _assert_runs_equal(runs)
+
+
+def _assert_runs_equal(runs) -> None:
+    """Every run's (logits, tokens, logprobs) equal the first's, bit for bit."""
     for other in runs[1:]:
         for a, b in zip(runs[0], other):
+            assert len(a) == len(b)
             for x, y in zip(a, b):
                 np.testing.assert_array_equal(x, y)
 
@@ -295,37 +315,7 @@ def test_run_to_run_identical_and_graphs_equal_eager():
         cuda = CudaBackend(cfg, "fp16", 8, 256)
         cuda.load_weights(weights)
         runs.append(_rollout(cuda, cfg, use_graphs))
-    for other in runs[1:]:
-        for a, b in zip(runs[0], other):
-            for x, y in zip(a, b):
-                np.testing.assert_array_equal(x, y)
-
-
-def _rollout_overlapped(cuda, cfg, use_graphs=True):
-    """_rollout's steps, each launched before the previous one's tokens are read, the
-    continuing rows fed on the GPU (the rows that leave are the last ones, so row i feeds
-    row i); a prompt of 1..79 tokens a slot, as there."""
-    rng = np.random.default_rng(13)
-    cuda.use_graphs = use_graphs
-    slots = list(range(6))
-    prompts = [rng.integers(0, cfg.vocab_size, int(n)).tolist() for n in rng.integers(1, 80, len(slots))]
-    logits = [host(cuda.prefill_batch(slots, prompts))]
-    tokens = [int(np.argmax(x)) for x in logits[0]]
-    positions = [len(p) for p in prompts]
-    out_tokens, out_lp, pending = [], [], None
-    for step in range(20):
-        active = slots[: 6 - step // 5]
-        n = len(active)
-        nxt = cuda.decode_sample_async(active, tokens[:n], positions[:n], [0] * n, active, [step] * n, [1.0] * n,
-                                       [False] * n, feed=None if pending is None else list(range(n)))
-        if pending is not None:
-            t, lp = pending.result()
-            out_tokens.append(t)
-            out_lp.append(lp)
-        pending = nxt
-        positions = [p + 1 if i < n else p for i, p in enumerate(positions)]
-    t, lp = pending.result()
-    return logits, out_tokens + [t], out_lp + [lp]
+    _assert_runs_equal(runs)
 
 
 @pytest.mark.parametrize("use_graphs", [True, False])
@@ -338,14 +328,11 @@ def test_overlapped_steps_equal_plain_steps(use_graphs):
     cfg = small_config("b")
     weights = random_weights(cfg, 21, "fp16")
     runs = []
-    for rollout in (_rollout, _rollout_overlapped):
+    for overlap in (False, True):
         cuda = CudaBackend(cfg, "fp16", 8, 256)
         cuda.load_weights(weights)
-        runs.append(rollout(cuda, cfg, use_graphs))
-    for a, b in zip(*runs):
-        assert len(a) == len(b)
-        for x, y in zip(a, b):
-            np.testing.assert_array_equal(x, y)
+        runs.append(_rollout(cuda, cfg, use_graphs, overlap))
+    _assert_runs_equal(runs)
 
 
 def test_overlapped_engine_equals_plain_engine_on_gpu():
