@@ -445,13 +445,16 @@ def qwen05_config() -> ModelConfig:
 #   "spread" embeddings N(0, 0.1), logits spread over a few nats (mean logp -7.4): 5.7e-3
 #            (the GPU measured 5.6e-3 over 16,384 tokens).
 # So 1e-3 cannot hold for fp16 activations on a 24-layer model; the bounds leave ~40% margin.
-DLOGP_BOUND = {"hf": 1.5e-3, "spread": 1e-2}
+# An fp32 engine (fp32 weights and activations) against the trainer on the same fp32 weights
+# differs only by summation order: the issue's bound, 1e-4.
+DLOGP_BOUND = {("fp16", "hf"): 1.5e-3, ("fp16", "spread"): 1e-2, ("fp32", "hf"): 1e-4, ("fp32", "spread"): 1e-4}
 
 
-@pytest.mark.parametrize("init", ["hf", "spread"])
-def test_engine_fp16_vs_trainer_qwen05_shapes(init):
-    """>= 16,000 tokens sampled by the engine (fp16) scored by the trainer with fp16-rounded
-    weights (fp32 compute): mean |logp_engine - logp_trainer| under DLOGP_BOUND[init]."""
+@pytest.mark.parametrize("dtype,init", list(DLOGP_BOUND))
+def test_engine_vs_trainer_qwen05_shapes(dtype, init):
+    """>= 16,000 tokens sampled by the engine (fp16, or fp32) scored by the trainer on the
+    engine's weights (fp16-rounded, or fp32; fp32 compute): mean |logp_engine - logp_trainer|
+    under DLOGP_BOUND. (The fp32 cases were added after the last GPU run: not yet run.)"""
     import torch
 
     from ratchet.engine.cuda.backend import CudaBackend
@@ -475,7 +478,7 @@ def test_engine_fp16_vs_trainer_qwen05_shapes(init):
             else:
                 p.normal_(0, 0.1 if (init == "spread" and name == "embed.weight") else 0.02)
     batch, prompt_len, new = 64, 128, 256
-    engine = CudaBackend(cfg, "fp16", batch, prompt_len + new)
+    engine = CudaBackend(cfg, dtype, batch, prompt_len + new)
     engine.load_weights(policy.export_weights())  # in-place sync path, rounded on the GPU
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, cfg.vocab_size, prompt_len).tolist() for _ in range(batch)]
@@ -495,13 +498,13 @@ def test_engine_fp16_vs_trainer_qwen05_shapes(init):
     with torch.no_grad():
         trainer_lp = []
         for i in range(0, batch, 16):
-            lp, mask, _ = policy.token_logprobs(prompts[i:i + 16], responses[i:i + 16], weight_dtype="fp16",
+            lp, mask, _ = policy.token_logprobs(prompts[i:i + 16], responses[i:i + 16], weight_dtype=dtype,
                                                 compute_dtype="fp32")
             trainer_lp.append(lp[mask].cpu().numpy())
     trainer_lp = np.concatenate(trainer_lp)
     engine_flat = np.concatenate([np.asarray(x, np.float32) for x in engine_lp])
     d = np.abs(engine_flat - trainer_lp)
-    print(f"\nengine fp16 vs trainer (fp16 weights, fp32 compute), init {init}: {d.size} tokens, "
+    print(f"\nengine {dtype} vs trainer ({dtype} weights, fp32 compute), init {init}: {d.size} tokens, "
           f"mean |dlogp| {d.mean():.3g}, max {d.max():.3g}, mean logp {engine_flat.mean():.3f}")
     assert d.size >= 16000
-    assert d.mean() <= DLOGP_BOUND[init]
+    assert d.mean() <= DLOGP_BOUND[dtype, init]
