@@ -20,8 +20,8 @@ RoPE, attention output, wo / gate_up / SwiGLU / w_down outputs), logits fp32.
 - Overlap: `decode_sample_async` launches a step and returns at once; with `feed`, a row's
   input token is read on the GPU from the previous step's sampled tokens (the embedding
   kernel), so the host can stage and launch step t + 1 before step t's tokens come back,
-  and the host's ~0.1 ms a step is hidden behind the GPU's. Two pinned upload / download
-  buffers alternate between consecutive steps.
+  and the host's ~0.1 ms a step is hidden behind the GPU's. Two pinned input / output
+  buffer pairs alternate between consecutive steps.
 - Prefill: any number of sequences packed into one pass (`prefill_batch`), up to
   `prefill_chunk` rows a pass; the LM head runs only on each sequence's last row.
 
@@ -51,7 +51,7 @@ from ratchet.model.dtypes import fp32_to_bf16_bits
 from ratchet.model.layout import DTYPES, check_update, check_weights, expected_shapes, rope_tables
 
 PREFILL_CHUNK = 4096  # rows per prefill pass: bounds the activation buffers
-# int32 fields of a decode step's one upload: the model's inputs, then the sampler's params
+# int32 fields of a decode step's inputs (the graph reads them from the pinned buffer)
 TOKENS, SLOTS, POSITIONS, SEQ_LENS, PARAMS = 0, 1, 2, 3, 4  # PARAMS: 5 rows (sampler.pack_params)
 FEED = 9  # 1 + the previous step's row whose sampled token is this row's input; 0: TOKENS
 NUM_FIELDS = 10
@@ -341,7 +341,7 @@ class CudaBackend:
         slot, greedy."""
         k = self._buf
         owner = self._out_owner[k]
-        if owner is not None:  # the step two launches back: read its result, its upload is done
+        if owner is not None:  # the step two launches back: read its result, its graph has read the buffer
             owner.result()
         self._buf ^= 1
         n = len(slots)
