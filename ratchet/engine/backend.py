@@ -130,6 +130,11 @@ def feed_rows(feed, tokens, prev_rows: int) -> tuple[np.ndarray | None, np.ndarr
     return feed, np.where(fed, 0, tokens)
 
 
+def fed_tokens(feed: np.ndarray, tokens: np.ndarray, prev_tokens: np.ndarray) -> np.ndarray:
+    """The rows' input tokens on the host: prev_tokens[feed] where fed, tokens elsewhere."""
+    return np.where(feed >= 0, prev_tokens[np.maximum(feed, 0)], tokens)
+
+
 def make_backend(name: str, cfg: ModelConfig, dtype: str, max_batch_size: int,
                  max_seq_len: int) -> Backend:
     """The backend called `name`, empty (no weights yet)."""

@@ -193,14 +193,14 @@ class Engine:
         """Read the launched step's tokens (having launched the next step first, when
         overlapping) and append them to the sequences still running."""
         step, self._inflight = self._inflight, None
-        live = [s for s in step.seqs if self._is_running(s)]
+        keep = [i for i, s in enumerate(step.seqs) if self._is_running(s)]  # not finished or cancelled since
+        live = [step.seqs[i] for i in keep]
         go_on = [s for s in live if not self._stops_by_length(s.request, 1)]
         admissible = self.scheduler.waiting and (self.scheduler.free_slots or len(go_on) < len(live))
         nxt = self._launch(go_on, after=step) if self.overlap and go_on and not admissible else None
         tokens, logprobs = step.handle.result()
-        keep = [i for i, s in enumerate(step.seqs) if self._is_running(s)]
         self.stats.num_decode_steps += 1
-        finished = self._append([step.seqs[i] for i in keep], tokens[keep], logprobs[keep])
+        finished = self._append(live, tokens[keep], logprobs[keep])
         if nxt is not None:
             self._inflight = nxt
             if not any(self._is_running(s) for s in nxt.seqs):

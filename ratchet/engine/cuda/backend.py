@@ -40,7 +40,7 @@ from typing import Mapping, Sequence
 import cupy as cp
 import numpy as np
 
-from ratchet.engine.backend import ReadyStep, feed_rows
+from ratchet.engine.backend import ReadyStep, fed_tokens, feed_rows
 from ratchet.engine.cuda import sampler as gpu_sampler
 from ratchet.engine.cuda import sync
 from ratchet.engine.cuda.ops import STORAGE, Ops, decode_split
@@ -153,7 +153,7 @@ class CudaBackend:
         self.host_out_np = [np.frombuffer(m, np.int32, 2 * width).reshape(2, width) for m in self.host_out]
         self.host_ints_dev = [_mapped(m.ptr) for m in self.host_ints]
         self.host_out_dev = [_mapped(m.ptr) for m in self.host_out]
-        self._done = [cp.cuda.Event(disable_timing=True) for _ in range(2)]  # a step's download done
+        self._done = [cp.cuda.Event(disable_timing=True) for _ in range(2)]  # a step's outputs written back
         self._out_owner: list[_CudaStep | None] = [None, None]  # the unread step a buffer pair holds
         self._buf = 0  # the buffer pair the next step stages into
         self._last_sample: _CudaStep | None = None  # the last sampling step: what `feed` reads
@@ -336,7 +336,7 @@ class CudaBackend:
         return slots, tokens, positions
 
     def _stage_decode(self, slots, tokens, positions, feed=None) -> tuple[int, np.ndarray, int]:
-        """One step's model inputs into a pinned upload buffer: (bucket, the buffer's first
+        """One step's model inputs into a pinned input buffer: (bucket, the buffer's first
         bucket columns, the buffer's index). Padding rows: token 0 at position 0 of the scratch
         slot, greedy."""
         k = self._buf
@@ -424,7 +424,7 @@ class CudaBackend:
         if feed is not None and self.use_graphs and (self._bucket(n), True, self._buf) not in self.graphs:
             # a bucket's first step runs its body once eagerly before the capture, and that run's
             # sampler overwrites the tokens the graph would read: take them from the host instead
-            tokens = np.where(feed >= 0, prev.result()[0][np.maximum(feed, 0)], tokens)
+            tokens = fed_tokens(feed, tokens, prev.result()[0])
             feed = None
         b, host, k = self._stage_decode(slots, tokens, positions, feed)
         gpu_sampler.pack_params(seeds, request_ids, token_indices, temps, is_greedy, out=host[PARAMS:PARAMS + 5, :n])

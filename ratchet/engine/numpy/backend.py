@@ -16,7 +16,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ratchet.engine.backend import ReadyStep, feed_rows
+from ratchet.engine.backend import ReadyStep, fed_tokens, feed_rows
 from ratchet.engine.numpy.kv_cache import KVCache
 from ratchet.engine.numpy.layers import apply_rope, attention, linear, rms_norm, silu_mul
 from ratchet.engine.sampler import sample
@@ -105,7 +105,7 @@ class NumpyBackend:
         prev = self._last_tokens
         feed, tokens = feed_rows(feed, tokens, 0 if prev is None else len(prev))
         if feed is not None:
-            tokens = np.where(feed >= 0, prev[np.maximum(feed, 0)], tokens)
+            tokens = fed_tokens(feed, tokens, prev)
         out = sample(self.decode(slots, tokens, positions), seeds, request_ids, token_indices,
                      temperatures, greedy)
         self._last_tokens = out[0]
