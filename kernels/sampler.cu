@@ -203,8 +203,9 @@ __device__ __forceinline__ void reduce_block(float& m, double& s, float& bv, int
     reduce_warp(m, s, bv, bi);
 }
 
+// greedy_flag: bit 0 greedy; the bits above, 1 + a forced token (0: none; see `sample`)
 __device__ __forceinline__ float row_temperature(float temp, int greedy_flag, bool& is_greedy) {
-    is_greedy = greedy_flag != 0 || !(temp > 0.f);
+    is_greedy = (greedy_flag & 1) != 0 || !(temp > 0.f);
     return is_greedy && !(temp > 0.f) ? 1.0f : temp;
 }
 
@@ -259,8 +260,11 @@ __device__ __forceinline__ void rekey_pass(const float* __restrict__ x, int begi
 }
 
 // grid (rows, nchunks <= 32) x SAMPLE_BLOCK threads. params: int32 [5, ld]: key0, key1,
-// counter, temperature (float32 bits), greedy. counters: int [rows], zero before the first
-// launch, left at zero by every launch.
+// counter, temperature (float32 bits), greedy | (1 + forced token) << 1. counters: int
+// [rows], zero before the first launch, left at zero by every launch.
+// A forced row (teacher forcing) runs the same pass as if it drew (its max and sum of
+// exponentials in the same order) and takes the forced token at the end: its log-probability
+// is bit for bit the one the row got when it drew that token.
 extern "C" __global__ void __launch_bounds__(SAMPLE_BLOCK, 4)
 sample(const float* __restrict__ logits, long long row_stride, int vocab, int chunk,
        const int* __restrict__ params, int ld, const float* __restrict__ gumbel_table,
@@ -344,6 +348,8 @@ sample(const float* __restrict__ logits, long long row_stride, int vocab, int ch
     reduce_warp(m, s, bv, bi);
     if (lane == 0) {
         counters[r] = 0;  // ready for the next launch
+        const int forced = (params[4 * ld + r] >> 1) - 1;
+        if (forced >= 0) bi = forced;
         if (bi < 0 || bi >= vocab) bi = 0;  // all NaN: token 0 and a NaN logprob
         tokens_out[r] = bi;
         logprobs_out[r] = (float)(((double)(x[bi] / T) - (double)m) - log(s));

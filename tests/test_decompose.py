@@ -14,6 +14,7 @@ from ratchet.data.prompts import make_prompt_fn
 from ratchet.data.synthetic import ALPHABET, make_arithmetic
 from ratchet.data.tokenizer import load_tokenizer
 from ratchet.mismatch.decompose import SOURCES, along_updates, decomposition
+from ratchet.mismatch.fix import fix_runs
 from ratchet.mismatch.fix import AblateSettings, Setup
 from ratchet.mismatch.visibility import visibility
 from ratchet.model.convert_hf import convert_hf
@@ -24,7 +25,8 @@ from ratchet.rl.grpo import Task
 # the study's lr: a step of 1e-6 is a fraction of the fp16 spacing of most weights (N(0, 0.02))
 SETTINGS = dict(updates=(0, 1, 3), num_rollouts=16, max_new_tokens=4, problems_per_step=4,
                 group_size=8, lr=1e-6, engine_dtypes=("fp16", "bf16", "fp32"),
-                visibility_updates=3, max_steps_per_update=30, seed=0, engine_dtype="fp16")
+                visibility_updates=3, max_steps_per_update=30, seed=0, engine_dtype="fp16",
+                micro_batch_size=5)  # the exact source replays in groups of 5, not 16
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +102,17 @@ def test_the_sources_chain_to_the_total(frame):
             assert m.at["fixed", col] <= chain.iloc[1:].sum() + 1e-9, (updates, dtype, col)
 
 
+def test_the_exact_fix_leaves_nothing_on_a_batch_invariant_engine(frame):
+    """The engine's teacher forcing (in groups of the trainer's micro-batch, not the rollout's
+    batch) gives every sampled token its sampling-time log-probability bit for bit, at every
+    update count and dtype, while the rounded-weights fix leaves the engine's arithmetic."""
+    for (updates, dtype), part in frame.groupby(["updates", "engine_dtype"]):
+        m = part.set_index("source")
+        assert m.at["exact", "abs_diff_max"] == 0.0, (updates, dtype)
+        if dtype != "fp32":
+            assert m.at["fixed", "abs_diff_max"] > 0, (updates, dtype)
+
+
 def test_orderings(frame):
     # the converted weights are on the fp16 grid: before any update, rounding them changes nothing
     assert row(frame, 0, "fp16", "weight_rounding")["abs_diff_max"] == 0.0
@@ -157,3 +170,20 @@ def test_visibility_on_real_updates(tiny):
     predicted = float(np.mean(spacing / 2 < 1e-6))
     first = later[(later["update"] == 1) & (later["dtype"] == "fp16")]["changed_share"].iloc[0]
     assert 0.02 < first < 0.5 and first == pytest.approx(predicted, abs=0.005), (first, predicted)
+
+
+def test_exact_fix_run_trains_like_the_fix_with_no_gap(tiny):
+    """The exact run's loss sees the engine's own log-probabilities (gap 0 at every step and
+    after training), and its gradient is the fix's (straight through): same rewards and
+    updates as the fix run, whose gap is the engine's arithmetic."""
+    settings = AblateSettings(**{**SETTINGS, "fix_runs": ("fix", "exact"), "fix_steps": 10})
+    steps, runs = fix_runs(tiny, settings)
+    by_run = {name: part.reset_index(drop=True) for name, part in steps.groupby("run")}
+    trained = by_run["fix"]["num_tokens"] > 0  # a step whose groups all scored the same trains nothing
+    assert trained.sum() >= 2
+    assert (by_run["exact"]["gap_max"][trained] == 0).all() and (by_run["fix"]["gap_max"][trained] > 0).all()
+    for col in ("reward", "updates", "num_tokens", "clip_fraction"):
+        assert by_run["exact"][col].fillna(-1).tolist() == by_run["fix"][col].fillna(-1).tolist(), col
+    final = runs.set_index("run")
+    assert final.loc["exact", "final_gap_max"] == 0.0 < final.loc["fix", "final_gap_max"]
+    assert bool(final.loc["exact", "exact_forward"]) and not bool(final.loc["fix", "exact_forward"])

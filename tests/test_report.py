@@ -41,7 +41,8 @@ def decompose_frame() -> pd.DataFrame:
     for updates in (0, 1, 3, 10, 30):
         for k, dtype in enumerate(("fp16", "bf16")):
             for j, source in enumerate(SOURCES):
-                value = 0.0 if (updates == 0 and source == "weight_rounding") else 1e-4 * (1 + j) * 8 ** k
+                value = 0.0 if (updates == 0 and source == "weight_rounding") or source == "exact" \
+                    else 1e-4 * (1 + j) * 8 ** k
                 rows.append({"updates": updates, "steps": updates, "engine_dtype": dtype,
                              "source": source, "reference": "a", "against": "b",
                              "abs_diff_mean": value / 4, "abs_diff_p99": value / 2, "abs_diff_max": value,
@@ -63,15 +64,16 @@ def fix_frames() -> tuple[pd.DataFrame, pd.DataFrame]:
                            "gap_p99": 2e-3, "gap_max": 1e-2 / (10 if r == "fix" else 1),
                            "ratio_outside_share": 0.0, "kl_k3": 0.0, "num_tokens": 10.0,
                            "is_weight_mean": 1.0, "is_masked_share": 0.0, "clip_fraction": 0.0}
-                          for r in ("none", "fix", "tis", "mis") for s in range(5)])
+                          for r in ("none", "fix", "exact", "tis", "mis") for s in range(5)])
+    steps.loc[steps["run"] == "exact", "gap_max"] = 0.0  # bit-identical: drawn at 2^-20
     runs = pd.DataFrame([{"run": r, "steps": 5, "updates": 5,
                           "weight_dtype": "fp16" if r == "fix" else "fp32",
                           "is_correction": r if r in ("tis", "mis") else "none", "accuracy": 0.5,
                           "accuracy_stderr": 0.05, "eval_n": 100, "reward_last_fifth": 0.4,
                           "final_gap_mean": 1e-3, "final_gap_p99": 2e-3,
-                          "final_gap_max": 1e-3 if r == "fix" else 1e-1,
+                          "final_gap_max": {"fix": 1e-3, "exact": 0.0}.get(r, 1e-1),
                           "final_ratio_outside_share": 0.0, "final_kl_k3": 0.0}
-                         for r in ("none", "fix", "tis", "mis")])
+                         for r in ("none", "fix", "exact", "tis", "mis")])
     return steps, runs
 
 
@@ -136,10 +138,15 @@ def test_report_stage_with_ablations_and_one_training_mode(tmp_path):
     assert "(training.png)" in text
     for source in SOURCES:
         assert f"fp16 {source}" in text and f"bf16 {source}" in text
-    # total (4e-4) over fixed (5e-4) after 30 updates, fp16 (the pipeline's engine dtype)
-    assert rec["fix_max_gap_ratio"] == 0.8 and "| fix_max_gap_ratio | 0.8 |" in text
+    # total (4e-4) over exact (0, counted as 2^-20) after 30 updates, fp16 (the pipeline's engine
+    # dtype): a lower bound; over fixed (5e-4), the rounded weights alone
+    assert rec["fix_max_gap_ratio"] == 4e-4 * 2 ** 20 and rec["fix_max_gap_ratio_is_lower_bound"] is True
+    assert "| fix_max_gap_ratio | 419.4 |" in text
+    assert rec["fix_rounding_only_max_gap_ratio"] == 0.8 and rec["exact_max_gap"] == 0.0
+    assert rec["fix_max_gap_ratio_by_updates"]["bf16"]["3"] == 4e-4 * 8 * 2 ** 20
+    assert "| fp16 | rounded weights (total / fixed) | 0.8 |" in text
     assert rec["visibility_fp16_update1"] == 0.07 and rec["visibility_bf16_update1"] == 3e-4
-    assert rec["fix_runs_max_gap_ratio"] == 100.0
+    assert rec["fix_runs_max_gap_ratio"] == 0.1 * 2 ** 20 and rec["fix_runs_rounding_only_max_gap_ratio"] == 100.0
     assert "report.not_run" in run.tags and "decompose" not in run.tags["report.not_run"]
     for fig in (paths.decompose_figure, paths.visibility_figure, paths.fix_figure,
                 paths.report_training_figure):

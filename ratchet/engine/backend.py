@@ -36,13 +36,22 @@ Contract
   drew at its row feed[b], taken where it lies (on the GPU, without waiting for it), and
   tokens[b] is ignored. At most two launched steps may be unread; a third launch reads the
   oldest first. The engine overlaps its steps through this (`Engine(overlap=True)`).
+- `forced` (optional, one int a row, of `prefill_sample`, `decode_sample` and
+  `decode_sample_async`): where forced[b] >= 0, row b takes that token instead of drawing one,
+  and its log-probability is computed exactly as a drawn token's (teacher forcing, for
+  scoring given answers with the engine's own arithmetic: ratchet/engine/score.py).
+- `batch_invariant`: True when a row's logits are bit for bit independent of the batch it
+  runs in and of whether its cache came from a prefill or decode steps. The NumPy backend
+  always is; the CUDA backend is when built with `batch_invariant=True` (one decode bucket,
+  prompts prefilled by decode steps).
 - `free(slot)`: the slot's cache is empty; the next prefill on it starts at 0.
 - `reset()`: every slot empty, and any other cached state (e.g. a prefix cache) dropped.
 
 Reproducibility: the NumPy backend gives a row's logits bit for bit independent of the other
 rows, of the slot, and of whether its cache was filled by prefill or by decode steps, which
 makes batching and cancel/resume invisible in the output. A GPU backend should at least be
-deterministic run to run (its cuBLAS products may let a row's last bits follow the batch).
+deterministic run to run (its cuBLAS products may let a row's last bits follow the batch),
+and batch-invariant on request.
 """
 
 from __future__ import annotations
@@ -76,18 +85,18 @@ class Backend(Protocol):
 
     def prefill_sample(self, slots: Sequence[int], token_lists: Sequence[Sequence[int]],
                        seeds, request_ids, token_indices, temperatures,
-                       greedy) -> tuple[np.ndarray, np.ndarray]:
+                       greedy, forced=None) -> tuple[np.ndarray, np.ndarray]:
         """`prefill_batch` from position 0, then the sampler on each last position's logits,
         where they are (the GPU never ships [n, V] logits to the host)."""
         ...
 
     def decode_sample(self, slots: Sequence[int], tokens: Sequence[int], positions: Sequence[int],
                       seeds, request_ids, token_indices, temperatures,
-                      greedy) -> tuple[np.ndarray, np.ndarray]: ...
+                      greedy, forced=None) -> tuple[np.ndarray, np.ndarray]: ...
 
     def decode_sample_async(self, slots: Sequence[int], tokens: Sequence[int], positions: Sequence[int],
                             seeds, request_ids, token_indices, temperatures, greedy,
-                            feed: Sequence[int] | None = None) -> "DecodeStep": ...
+                            feed: Sequence[int] | None = None, forced=None) -> "DecodeStep": ...
 
     def free(self, slot: int) -> None: ...
 
@@ -136,8 +145,8 @@ def fed_tokens(feed: np.ndarray, tokens: np.ndarray, prev_tokens: np.ndarray) ->
 
 
 def make_backend(name: str, cfg: ModelConfig, dtype: str, max_batch_size: int,
-                 max_seq_len: int) -> Backend:
-    """The backend called `name`, empty (no weights yet)."""
+                 max_seq_len: int, batch_invariant: bool = False) -> Backend:
+    """The backend called `name`, empty (no weights yet); batch-invariant on request."""
     if name == "numpy":
         from ratchet.engine.numpy.backend import NumpyBackend
 
@@ -148,5 +157,5 @@ def make_backend(name: str, cfg: ModelConfig, dtype: str, max_batch_size: int,
         except ImportError as e:
             raise ImportError(f"the cuda backend cannot be loaded ({e}); it needs CuPy and a GPU "
                               "(pip install 'ratchet[cuda]')") from e
-        return CudaBackend(cfg, dtype, max_batch_size, max_seq_len)
+        return CudaBackend(cfg, dtype, max_batch_size, max_seq_len, batch_invariant=batch_invariant)
     raise ValueError(f"unknown engine backend {name!r}; expected one of {BACKENDS}")

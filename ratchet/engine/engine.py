@@ -54,10 +54,13 @@ class EngineStats:
 class Engine:
     def __init__(self, model, backend: str = "numpy", max_batch_size: int = 64,
                  max_seq_len: int | None = None, eos_ids: Iterable[int] | None = None,
-                 overlap: bool = True):
+                 overlap: bool = True, batch_invariant: bool = False):
         """`model`: anything with `.cfg` (ModelConfig), `.weights` (engine names -> float32
         arrays on the dtype grid) and `.dtype` ("fp32", "fp16", "bf16"), e.g. an EngineModel.
-        `overlap`: launch each decode step before reading the previous one's tokens."""
+        `overlap`: launch each decode step before reading the previous one's tokens.
+        `batch_invariant`: a backend whose rows' bits do not depend on the batch (the NumPy
+        one always is; see ratchet/engine/backend.py), so answers can be scored later by
+        `ratchet.engine.score` and get the bits they were sampled with."""
         cfg = model.cfg
         if max_seq_len is None:
             max_seq_len = min(cfg.max_position_embeddings, DEFAULT_MAX_SEQ_LEN)
@@ -70,7 +73,7 @@ class Engine:
         eos_ids = cfg.eos_token_ids if eos_ids is None else eos_ids
         self.eos_ids = frozenset(int(t) for t in eos_ids)
         self.backend_name = backend
-        self.backend = make_backend(backend, cfg, model.dtype, max_batch_size, max_seq_len)
+        self.backend = make_backend(backend, cfg, model.dtype, max_batch_size, max_seq_len, batch_invariant)
         self.backend.load_weights(model.weights)
         self.scheduler = Scheduler(max_batch_size)
         self.stats = EngineStats()

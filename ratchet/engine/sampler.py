@@ -6,11 +6,16 @@
                                                          rng.uniforms_batch
     token  = argmax(z + g)            (sampled)          first index on ties
              argmax(logits)           (greedy)
+             forced[b]                (teacher forcing: where forced[b] >= 0)
     logprob = (z[token] - max z) - log(sum(exp(z - max z)))
 
 Gumbel-max draws exactly from softmax(z) without sorting the vocabulary or a cumulative sum,
 and every row only reads its own logits and its own (seed, request_id, token_index) noise,
 so a token never depends on the rest of the batch.
+
+Teacher forcing (`forced`): a row given a token takes it instead of drawing one, and gets its
+log-probability by the same arithmetic as a drawn token: scoring a sampled answer token by
+token this way gives the very bits the sampler returned when it drew it (ratchet/engine/score.py).
 
 Precision of the logprob: exp(z - max z) is evaluated in float32, its sum is accumulated in
 float64 (vocabularies of 150k terms lose digits in a float32 sum), and the final
@@ -60,24 +65,39 @@ def sampling_rows(temperatures, greedy, n: int, caller: str = "sample") -> tuple
     return temperatures, greedy
 
 
+def forced_rows(forced, n: int, vocab: int, caller: str = "sample") -> np.ndarray | None:
+    """forced as int64 [n] (-1: draw), or None when no row is forced; checked."""
+    if forced is None:
+        return None
+    forced = np.asarray(forced, dtype=np.int64).reshape(n)
+    if (forced >= vocab).any() or (forced < -1).any():
+        bad = forced[(forced >= vocab) | (forced < -1)][0]
+        raise ValueError(f"{caller}: forced token {int(bad)} is outside [-1, {vocab})")
+    return forced if (forced >= 0).any() else None
+
+
 def sample(logits: np.ndarray, seeds, request_ids, token_indices, temperatures,
-           greedy) -> tuple[np.ndarray, np.ndarray]:
+           greedy, forced=None) -> tuple[np.ndarray, np.ndarray]:
     """One token per row of `logits` [B, V] -> (tokens int64 [B], logprobs float32 [B]).
 
     seeds, request_ids, token_indices: ints [B] (the RNG key and counter); temperatures:
-    floats [B]; greedy: bools [B].
+    floats [B]; greedy: bools [B]; forced: optional ints [B], a token to take instead of
+    drawing (-1: draw), with its log-probability computed as a drawn one's.
     """
     logits = np.asarray(logits, dtype=np.float32)
     batch, vocab = logits.shape
     temperatures, greedy = sampling_rows(temperatures, greedy, batch)
     z = scaled_logits(logits, temperatures, greedy)  # [B, V]
 
+    forced = forced_rows(forced, batch, vocab)
     tokens = np.argmax(logits, axis=-1)
-    drawn = ~greedy
+    drawn = ~greedy if forced is None else ~greedy & (forced < 0)
     if drawn.any():  # the noise costs B*V Philox calls: only the rows that sample pay it
         rows = np.flatnonzero(drawn)
         u = uniforms_batch(np.asarray(seeds)[rows], np.asarray(request_ids)[rows],
                            np.asarray(token_indices)[rows], vocab)  # [b, V]
         tokens[rows] = np.argmax(z[rows] + gumbel_noise(u), axis=-1)
     tokens = tokens.astype(np.int64)
+    if forced is not None:
+        tokens = np.where(forced >= 0, forced, tokens)
     return tokens, token_logprobs(z, tokens)

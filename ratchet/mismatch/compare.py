@@ -39,6 +39,18 @@ def trainer_logprobs(policy, requests: list[Request], temperature: float = 1.0,
     return lp[mask].double().cpu().numpy()
 
 
+def exact_logprobs(engine, requests: list[Request], temperature: float = 1.0,
+                   batch_size: int | None = None) -> np.ndarray:
+    """The same tokens scored by the engine itself (teacher forcing on its current weights,
+    in groups of `batch_size`), concatenated in request order: the exact fix's forward."""
+    from ratchet.engine.score import teacher_forced_logprobs
+
+    kept = [r for r in requests if r.output]
+    lps = teacher_forced_logprobs(engine, [r.prompt for r in kept], [r.output for r in kept],
+                                  temperature, batch_size)
+    return np.concatenate([np.asarray(x, dtype=np.float64) for x in lps]) if kept else np.zeros(0)
+
+
 def engine_logprobs(requests: list[Request]) -> np.ndarray:
     return np.concatenate([np.asarray(r.logprobs, dtype=np.float64) for r in requests if r.output])
 

@@ -15,13 +15,17 @@ those same tokens, per engine dtype E:
 | `engine_kernels`  | engine E                          | trainer, E weights, E autocast (closest)  |
 | `total`           | engine E (synced from masters)    | trainer, fp32 weights, fp32 maths         |
 | `fixed`           | engine E                          | trainer, E weights, fp32 maths (the fix)  |
+| `exact`           | engine E                          | trainer, E weights, engine E's arithmetic |
 
 The arithmetic source compares identical weights that are already on the E grid: autocast
 casts the weights it multiplies, so on fp32 masters it would switch weight rounding on too.
 The first three sources chain from the fp32 trainer to the engine, so per token
 total = weight_rounding + arithmetic + engine_kernels (as signed differences), and
 fixed = arithmetic + engine_kernels: `total` is what plain RL trains with, `fixed` what remains
-once the trainer's forward uses the engine's rounded weights. Each row holds the per-token
+once the trainer's forward uses the engine's rounded weights, and `exact` what remains once
+its values also come from the engine's kernels (teacher forcing on the same weights, in
+groups of the trainer's micro-batch: ratchet/engine/score.py). With a batch-invariant engine
+that is nothing; a nonzero `exact` is a kernel whose bits follow the batch. Each row holds the per-token
 |difference of log p| (mean, p99, max) and the share of tokens whose ratio exp(difference)
 leaves [1 - eps, 1 + eps].
 """
@@ -32,7 +36,7 @@ import pandas as pd
 
 from ratchet.mismatch.fix import AblateSettings, Setup, Trajectory
 
-SOURCES = ("weight_rounding", "arithmetic", "engine_kernels", "total", "fixed")
+SOURCES = ("weight_rounding", "arithmetic", "engine_kernels", "total", "fixed", "exact")
 # source -> (reference, against); a side is "engine" or (weight_dtype, compute_dtype), "E" = the engine's
 PAIRS = {
     "weight_rounding": (("fp32", "fp32"), ("E", "fp32")),
@@ -40,20 +44,23 @@ PAIRS = {
     "engine_kernels": ("engine", ("E", "E")),
     "total": ("engine", ("fp32", "fp32")),
     "fixed": ("engine", ("E", "fp32")),
+    "exact": ("engine", "forced"),
 }
 
 
 def side_name(side, dtype: str) -> str:
     if side == "engine":
         return f"engine {dtype}"
+    if side == "forced":
+        return f"trainer {dtype} weights, engine {dtype} arithmetic (teacher forcing)"
     w, c = (dtype if s == "E" else s for s in side)
     return f"trainer {w} weights, {c} maths"
 
 
 def measure_sources(policy, engine, prompts: list[list[int]], max_new_tokens: int, seed: int,
-                    temperature: float = 1.0, eps: float = 0.2) -> list[dict]:
+                    temperature: float = 1.0, eps: float = 0.2, exact_batch_size: int = 16) -> list[dict]:
     """Sync `engine` from the masters, sample, and measure every source on those tokens."""
-    from ratchet.mismatch.compare import engine_logprobs, sample, trainer_logprobs
+    from ratchet.mismatch.compare import engine_logprobs, exact_logprobs, sample, trainer_logprobs
     from ratchet.mismatch.metrics import gap_metrics
     from ratchet.rl.sync import sync_weights
 
@@ -63,9 +70,10 @@ def measure_sources(policy, engine, prompts: list[list[int]], max_new_tokens: in
     cache = {"engine": engine_logprobs(reqs)}
 
     def logprobs(side):
-        key = side if side == "engine" else tuple(dtype if s == "E" else s for s in side)
+        key = side if isinstance(side, str) else tuple(dtype if s == "E" else s for s in side)
         if key not in cache:
-            cache[key] = trainer_logprobs(policy, reqs, temperature, *key)
+            cache[key] = exact_logprobs(engine, reqs, temperature, exact_batch_size) if key == "forced" \
+                else trainer_logprobs(policy, reqs, temperature, *key)
         return cache[key]
 
     rows = []
@@ -123,7 +131,7 @@ def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibili
                 found += [{"updates": update, "steps": traj.step, **r} for r in
                           measure_sources(traj.policy, engine, setup.measure_prompts,
                                           settings.max_new_tokens, settings.seed + 1,
-                                          settings.temperature, settings.eps)]
+                                          settings.temperature, settings.eps, settings.micro_batch_size)]
             decompose_rows += found
             if log is not None:
                 log(update, found)

@@ -10,11 +10,16 @@ need: roll out with the engine, one GRPO update (`train_on_batch`), copy the mas
 engine (rounded to its dtype at the copy). A step whose groups all scored the same trains on
 nothing and is not an update, so the decomposition counts real updates, not steps.
 
-The four runs of `fix_runs` differ in one knob each, everything else (seeds, data order,
+The runs of `fix_runs` differ in one knob each, everything else (seeds, data order,
 sampling noise) is shared:
 - `none`: the trainer's forward on its fp32 masters, no correction.
 - `fix`:  the forward on the masters rounded to the engine dtype (straight-through gradient to
-  the fp32 masters), i.e. `token_logprobs(weight_dtype=<engine dtype>)`.
+  the fp32 masters), i.e. `token_logprobs(weight_dtype=<engine dtype>)`. What it leaves is
+  the engine's own arithmetic (fp16 activations, its kernels' summation orders).
+- `exact`: `fix`, with the forward's values computed by the engine's kernels on those same
+  rounded weights (teacher forcing, ratchet/engine/score.py) and the gradient from the fix's
+  torch forward (straight through). With a batch-invariant engine the replay reproduces the
+  rollout's bits, in the trainer's own grouping of the answers.
 - `tis`:  truncated importance sampling, loss weight min(pi_trainer / pi_engine, tis_cap).
 - `mis`:  masked importance sampling, tokens whose ratio leaves [mis_low, mis_high] dropped.
 """
@@ -26,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-FIX_RUNS = ("none", "fix", "tis", "mis")
+FIX_RUNS = ("none", "fix", "exact", "tis", "mis")
 # the gap metrics a row keeps, under short names (engine vs the trainer, per token)
 GAP_COLUMNS = {
     "mismatch/logprob_abs_diff_mean": "gap_mean",
@@ -58,6 +63,7 @@ class AblateSettings:
     micro_batch_size: int = 16
     max_steps_per_update: int = 20
     eval_problems: int | None = None
+    batch_invariant: bool = True  # the ablations' engines (see Setup.batch_invariant)
     seed: int = 0
     engine_dtype: str = "fp16"  # the pipeline's engine: samples the training rollouts
 
@@ -85,7 +91,8 @@ class AblateSettings:
                           temperature=self.temperature, lr=self.lr, clip_eps_low=self.eps,
                           clip_eps_high=self.eps, is_correction=run if run in ("tis", "mis") else "none",
                           tis_cap=self.tis_cap, mis_low=self.mis_low, mis_high=self.mis_high,
-                          round_weights=run == "fix", micro_batch_size=self.micro_batch_size,
+                          round_weights=run in ("fix", "exact"), exact_forward=run == "exact",
+                          micro_batch_size=self.micro_batch_size,
                           seed=self.seed, engine_dtype=self.engine_dtype)
 
 
@@ -102,6 +109,9 @@ class Setup:
     eval_problems: pd.DataFrame | None = None  # test split for the after-training accuracy
     prompt_fn: object = None  # question -> prompt ids (for the eval)
     eval_max_new_tokens: int = 8
+    # batch-invariant engines (one CUDA decode bucket, prompts prefilled by decode steps), so
+    # that teacher forcing (the exact fix) reproduces a rollout's bits in any grouping
+    batch_invariant: bool = True
 
     def engine(self, dtype: str, weights=None):
         """A fresh engine of `dtype` on `weights` (the converted ones by default), rounded."""
@@ -112,7 +122,7 @@ class Setup:
         weights = self.model.weights if weights is None else weights
         model = EngineModel(self.model.cfg, {k: round_to(v, dtype) for k, v in weights.items()}, dtype)
         return Engine(model, backend=self.backend, max_batch_size=self.max_batch_size,
-                      max_seq_len=self.max_seq_len)
+                      max_seq_len=self.max_seq_len, batch_invariant=self.batch_invariant)
 
 
 class Trajectory:
@@ -139,11 +149,15 @@ class Trajectory:
         self.updates = 0  # steps that changed the masters
 
     def train_step(self) -> dict[str, float]:
+        from ratchet.engine.score import teacher_forced_logprobs
         from ratchet.rl.grpo import make_batch, train_on_batch
         from ratchet.rl.sync import sync_weights
 
         groups, _ = self.rollouts.collect(self.engine, self.step, version=self.step)
         batch = make_batch(groups, self.setup.task, self.cfg)
+        if self.cfg.exact_forward:  # the engine holds the rounded masters: the trainer's weights
+            batch.exact_logprobs = teacher_forced_logprobs(self.engine, batch.prompts, batch.responses,
+                                                           self.cfg.temperature, self.cfg.micro_batch_size)
         metrics = train_on_batch(self.policy, self.optimizer, batch, self.cfg, version=self.step)
         sync_weights(self.engine, self.policy)
         self.step += 1
@@ -168,16 +182,20 @@ class Trajectory:
 
 def fresh_gap(policy, engine, prompts: list[list[int]], max_new_tokens: int, seed: int,
               temperature: float, eps: float, weight_dtype: str = "fp32",
-              compute_dtype: str = "fp32") -> dict[str, float]:
+              compute_dtype: str = "fp32", exact_batch_size: int | None = None) -> dict[str, float]:
     """Sync `engine` from the masters, sample one answer per prompt, and measure the gap to
-    the trainer variant on those tokens (short column names)."""
-    from ratchet.mismatch.compare import engine_logprobs, sample, trainer_logprobs
+    the trainer variant on those tokens (short column names); with `exact_batch_size`, to the
+    engine's own teacher forcing in groups of that many answers (the exact fix)."""
+    from ratchet.mismatch.compare import engine_logprobs, exact_logprobs, sample, trainer_logprobs
     from ratchet.mismatch.metrics import gap_metrics
     from ratchet.rl.sync import sync_weights
 
     sync_weights(engine, policy)
     reqs = sample(engine, prompts, max_new_tokens, seed, temperature)
-    t = trainer_logprobs(policy, reqs, temperature, weight_dtype, compute_dtype)
+    if exact_batch_size:
+        t = exact_logprobs(engine, reqs, temperature, exact_batch_size)
+    else:
+        t = trainer_logprobs(policy, reqs, temperature, weight_dtype, compute_dtype)
     return short_gap(gap_metrics(engine_logprobs(reqs), t, eps=eps))
 
 
@@ -212,9 +230,11 @@ def fix_runs(setup: Setup, settings: AblateSettings, log=None) -> tuple[pd.DataF
                 log(name, step, row)
         final = fresh_gap(traj.policy, traj.engine, setup.measure_prompts, settings.max_new_tokens,
                           settings.seed + 1, settings.temperature, settings.eps,
-                          weight_dtype=cfg.weight_dtype, compute_dtype=cfg.compute_dtype)
+                          weight_dtype=cfg.weight_dtype, compute_dtype=cfg.compute_dtype,
+                          exact_batch_size=cfg.micro_batch_size if cfg.exact_forward else None)
         summary = {"run": name, "steps": settings.fix_steps, "updates": traj.updates,
-                   "weight_dtype": cfg.weight_dtype, "is_correction": cfg.is_correction}
+                   "weight_dtype": cfg.weight_dtype, "is_correction": cfg.is_correction,
+                   "exact_forward": cfg.exact_forward}
         if setup.eval_problems is not None:
             sync_weights(traj.engine, traj.policy)
             ev, _ = evaluate(traj.engine, setup.task.tokenizer, setup.eval_problems, setup.prompt_fn,

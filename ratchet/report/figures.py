@@ -20,9 +20,11 @@ SOURCE_STYLE = {  # source -> (label, colour, line style)
     "weight_rounding": ("weight rounding at sync", "tab:red", "-"),
     "arithmetic": ("arithmetic precision (autocast)", "tab:blue", "-"),
     "engine_kernels": ("engine kernels vs closest trainer", "tab:green", "-"),
-    "fixed": ("with the fix (engine-dtype weights)", "tab:purple", "--"),
+    "fixed": ("fix, rounded weights only (fp32 maths)", "tab:purple", "--"),
+    "exact": ("fix, engine's arithmetic too (0 drawn at 2^-20)", "tab:olive", "--"),
 }
-RUN_STYLE = {"none": "black", "fix": "tab:purple", "tis": "tab:orange", "mis": "tab:cyan"}
+RUN_STYLE = {"none": "black", "fix": "tab:purple", "exact": "tab:olive", "tis": "tab:orange", "mis": "tab:cyan"}
+ZERO_AT = 2.0 ** -20  # where a gap of exactly 0 is drawn on a log axis (ratchet/stages/ablate.py)
 DPI = 110
 
 
@@ -64,8 +66,8 @@ def decomposition_figure(frame: pd.DataFrame, path: Path) -> Path:
                 s = part[part["source"] == source].sort_values("updates")
                 if s.empty:
                     continue
-                ax.plot(s["updates"], _positive(s[metric]), marker="o", color=colour, ls=style,
-                        label=label)
+                values = np.maximum(s[metric], ZERO_AT) if source == "exact" else _positive(s[metric])
+                ax.plot(s["updates"], values, marker="o", color=colour, ls=style, label=label)
             ax.set_yscale("log")
             ax.set_xscale("symlog", linthresh=1)
             ticks = sorted(part["updates"].unique())
@@ -115,8 +117,9 @@ def fix_figure(steps: pd.DataFrame, path: Path) -> Path:
         part = part.sort_values("step")
         colour = RUN_STYLE.get(run)
         width = 3.5 if run == "none" else 1.5  # runs that coincide stay visible on top of it
-        ax1.plot(part["step"], _positive(part["gap_max"]), color=colour, marker=".", lw=width,
-                 label=f"{run}: max")
+        zero = " (0 at 2^-20)" if run == "exact" else ""
+        gap_max = np.maximum(part["gap_max"], ZERO_AT) if run == "exact" else _positive(part["gap_max"])
+        ax1.plot(part["step"], gap_max, color=colour, marker=".", lw=width, label=f"{run}: max{zero}")
         ax1.plot(part["step"], _positive(part["gap_mean"]), color=colour, ls=":", marker=".", lw=width,
                  label=f"{run}: mean")
         ax2.plot(part["step"], part["reward"].rolling(5, min_periods=1).mean(), color=colour, lw=width,

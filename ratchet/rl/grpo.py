@@ -52,6 +52,9 @@ class GRPOConfig:
     mis_low: float = 0.5
     mis_high: float = 2.0
     round_weights: bool = False  # the fix: forward on weights rounded to the engine dtype
+    # the exact fix: the forward's values are the engine's own (teacher forcing through its
+    # batch-invariant kernels, Batch.exact_logprobs), its gradient the rounded-weight forward's
+    exact_forward: bool = False
     compute_dtype: str = "fp32"
     num_minibatches: int = 1
     micro_batch_size: int = 256
@@ -81,6 +84,7 @@ class GRPOConfig:
             (self.is_level in L.IS_LEVELS, f"is_level must be one of {L.IS_LEVELS}"),
             (self.ahead in (0, 1), "split.ahead must be 0 (synchronous) or 1 (one step ahead)"),
             (self.temperature > 0, "temperature must be > 0"),
+            (self.round_weights or not self.exact_forward, "exact_forward needs round_weights"),
         ]
         for ok, message in checks:
             if not ok:
@@ -154,6 +158,8 @@ class Batch:
     keep: np.ndarray  # [B] bool
     finish_reasons: list[str]
     group_index: np.ndarray  # [B] stream index of each answer's group
+    # the trainer's forward values from the engine's kernels (GRPOConfig.exact_forward)
+    exact_logprobs: list[list[float]] | None = None
 
     def kept(self, name: str):
         values = getattr(self, name)
@@ -281,6 +287,15 @@ class Scored:
     entropy: torch.Tensor  # [n, T]
     stale: torch.Tensor  # [n, T] bool, drawn by older weights than the trainer's
     advantages: torch.Tensor  # [n]
+    exact: torch.Tensor | None = None  # [n, T] the forward's values, when the engine computes them
+
+    def forward_values(self, lp: torch.Tensor, rows) -> torch.Tensor:
+        """The trainer's log-probs of `rows` ([b, t], with gradient) as the loss sees them:
+        unchanged, or with `exact` the engine's values and lp's gradient (straight through)."""
+        if self.exact is None:
+            return lp
+        exact = self.exact[rows, :lp.shape[1]]
+        return exact + (lp - lp.detach())  # the value is exact's bit for bit (lp - lp is 0)
 
 
 def unscored(batch: Batch, version: int, device) -> Scored:
@@ -293,7 +308,9 @@ def unscored(batch: Batch, version: int, device) -> Scored:
                   engine=_pad(batch.kept("engine_logprobs"), width, device=device),
                   trainer=torch.zeros(n, width, device=device), entropy=torch.zeros(n, width, device=device),
                   stale=_pad(batch.kept("versions"), width, torch.int64, device) < version,
-                  advantages=torch.tensor(batch.advantages[batch.keep], dtype=torch.float32, device=device))
+                  advantages=torch.tensor(batch.advantages[batch.keep], dtype=torch.float32, device=device),
+                  exact=None if batch.exact_logprobs is None else
+                  _pad(batch.kept("exact_logprobs"), width, device=device))
 
 
 def score(policy, batch: Batch, cfg: GRPOConfig, version: int) -> Scored:
@@ -305,6 +322,7 @@ def score(policy, batch: Batch, cfg: GRPOConfig, version: int) -> Scored:
             lp, _, ent = policy.token_logprobs([prompts[i] for i in rows], [responses[i] for i in rows],
                                                temperature=cfg.temperature, weight_dtype=cfg.weight_dtype,
                                                compute_dtype=cfg.compute_dtype, with_entropy=True)
+            lp = sc.forward_values(lp, rows)
             sc.trainer[rows, :lp.shape[1]] = lp
             sc.entropy[rows, :lp.shape[1]] = ent
     return sc
@@ -341,6 +359,7 @@ def update(policy, optimizer, sc: Scored, old: torch.Tensor, weights: torch.Tens
             lp, m, _ = policy.token_logprobs([sc.prompts[i] for i in rows], [sc.responses[i] for i in rows],
                                              temperature=cfg.temperature, weight_dtype=cfg.weight_dtype,
                                              compute_dtype=cfg.compute_dtype)  # [b, t]
+            lp = sc.forward_values(lp, rows)
             t = lp.shape[1]
             loss, sums = L.policy_loss(lp, old[rows, :t], sc.advantages[rows], m, weights[rows, :t],
                                        num_tokens, cfg.clip_eps_low, cfg.clip_eps_high)
@@ -377,6 +396,7 @@ def score_and_update(policy, optimizer, batch: Batch, cfg: GRPOConfig, version: 
                                            temperature=cfg.temperature,
                                            weight_dtype=cfg.weight_dtype, compute_dtype=cfg.compute_dtype,
                                            with_entropy=True)  # [b, t]
+        lp = sc.forward_values(lp, rows)
         t = lp.shape[1]
         before = lp.detach()
         sc.trainer[rows, :t], sc.entropy[rows, :t] = before, ent.detach()

@@ -27,7 +27,12 @@ RoPE, attention output, wo / gate_up / SwiGLU / w_down outputs), logits fp32.
 
 Rows of a decode step go through cuBLAS products of the bucket's size, so a row's last bits
 can depend on the bucket (the NumPy backend is batch-invariant; this one is run-to-run
-deterministic).
+deterministic). With `batch_invariant=True` it is batch-invariant too: one decode bucket
+(the largest), so every product, attention plan and split-K choice has the same shape
+whatever rows a step holds, and prompts are prefilled by decode steps (the same kernels as
+the answer's tokens), so a row's bits depend on its own tokens only. Its prefill then costs a
+decode step per prompt token; the ablations use it to score answers with the engine's own
+arithmetic (ratchet/engine/score.py).
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ from ratchet.engine.cuda import sampler as gpu_sampler
 from ratchet.engine.cuda import sync
 from ratchet.engine.cuda.ops import STORAGE, Ops, decode_split
 from ratchet.engine.cuda.plan import SPLIT_K, SPLIT_K_MAX_ROWS, split_k
-from ratchet.engine.sampler import sampling_rows
+from ratchet.engine.sampler import forced_rows, sampling_rows
 from ratchet.model.config import ModelConfig
 from ratchet.model.dtypes import fp32_to_bf16_bits
 from ratchet.model.layout import DTYPES, check_update, check_weights, expected_shapes, rope_tables
@@ -118,7 +123,8 @@ class _CudaStep:
 
 class CudaBackend:
     def __init__(self, cfg: ModelConfig, dtype: str = "fp16", max_batch_size: int = 64,
-                 max_seq_len: int = 4096, use_graphs: bool = True, prefill_chunk: int = PREFILL_CHUNK):
+                 max_seq_len: int = 4096, use_graphs: bool = True, prefill_chunk: int = PREFILL_CHUNK,
+                 batch_invariant: bool = False):
         if dtype not in DTYPES:
             raise ValueError(f"cuda backend: dtype {dtype!r} is not one of {DTYPES}")
         hd, group = cfg.head_dim, cfg.num_heads // cfg.num_kv_heads
@@ -127,6 +133,7 @@ class CudaBackend:
         self.cfg, self.dtype = cfg, dtype
         self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
         self.use_graphs, self.prefill_chunk = use_graphs, prefill_chunk
+        self.batch_invariant = batch_invariant
         self.storage = np.dtype(STORAGE[dtype])
         self.ops = Ops(dtype, hd, group)
         self.stream = cp.cuda.Stream(non_blocking=True)
@@ -136,7 +143,7 @@ class CudaBackend:
                                dtype=self.storage)
             cos, sin = rope_tables(cfg, max_seq_len)
             self.rope_cos, self.rope_sin = cp.asarray(cos), cp.asarray(sin)
-            self.buckets = buckets_for(max_batch_size)
+            self.buckets = buckets_for(max_batch_size)[-1:] if batch_invariant else buckets_for(max_batch_size)
             self.split_len, self.nsplit = decode_split(max_seq_len)
             self.dec = _Workspace(cfg, self.storage, self.buckets[-1], self.buckets[-1], self.nsplit)
             self.gumbel = gpu_sampler.gumbel_table()
@@ -385,7 +392,7 @@ class CudaBackend:
             return logits.copy() if device else logits.get()
 
     def sample(self, logits, seeds, request_ids, token_indices, temperatures,
-               greedy) -> tuple[np.ndarray, np.ndarray]:
+               greedy, forced=None) -> tuple[np.ndarray, np.ndarray]:
         """ratchet.engine.sampler.sample on the GPU: (tokens int64 [B], logprobs float32 [B]) as
         NumPy arrays, the tokens bit for bit the NumPy sampler's for the same logits."""
         with self.stream:
@@ -397,21 +404,23 @@ class CudaBackend:
             if not n:
                 return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
             logits = cp.ascontiguousarray(logits)
-            params = cp.asarray(gpu_sampler.pack_params(seeds, request_ids, token_indices, temps, is_greedy))
+            forced = forced_rows(forced, n, self.cfg.vocab_size)
+            params = cp.asarray(gpu_sampler.pack_params(seeds, request_ids, token_indices, temps, is_greedy,
+                                                        forced=forced))
             out = cp.empty((2, n), dtype=np.int32)
             gpu_sampler.launch(logits, params, out[0], out[1].view(np.float32), self.gumbel)
             host = out.get()
         return host[0].astype(np.int64), host[1].view(np.float32).copy()
 
     def decode_sample(self, slots, tokens, positions, seeds, request_ids, token_indices, temperatures,
-                      greedy) -> tuple[np.ndarray, np.ndarray]:
+                      greedy, forced=None) -> tuple[np.ndarray, np.ndarray]:
         """One decode step and the sampler on the GPU: (tokens int64 [B], logprobs float32 [B]),
         the NumPy sampler's tokens for these logits bit for bit."""
         return self.decode_sample_async(slots, tokens, positions, seeds, request_ids, token_indices,
-                                        temperatures, greedy).result()
+                                        temperatures, greedy, forced=forced).result()
 
     def decode_sample_async(self, slots, tokens, positions, seeds, request_ids, token_indices, temperatures,
-                            greedy, feed=None):
+                            greedy, feed=None, forced=None):
         """`decode_sample` launched: returns a step whose `result()` waits for it. With `feed`,
         rows take their input token from the previous sampling step's rows on the GPU."""
         prev = self._last_sample
@@ -419,6 +428,7 @@ class CudaBackend:
         slots, tokens, positions = self._check_decode(slots, tokens, positions)
         n = len(slots)
         temps, is_greedy = sampling_rows(temperatures, greedy, n, "decode_sample")
+        forced = forced_rows(forced, n, self.cfg.vocab_size, "decode_sample")
         if not n:
             return ReadyStep(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32))
         if feed is not None and self.use_graphs and (self._bucket(n), True, self._buf) not in self.graphs:
@@ -427,7 +437,8 @@ class CudaBackend:
             tokens = fed_tokens(feed, tokens, prev.result()[0])
             feed = None
         b, host, k = self._stage_decode(slots, tokens, positions, feed)
-        gpu_sampler.pack_params(seeds, request_ids, token_indices, temps, is_greedy, out=host[PARAMS:PARAMS + 5, :n])
+        gpu_sampler.pack_params(seeds, request_ids, token_indices, temps, is_greedy, out=host[PARAMS:PARAMS + 5, :n],
+                                forced=forced)
         self._run_decode(b, True, k)
         self.lengths[slots] = positions + 1
         step = self._out_owner[k] = self._last_sample = _CudaStep(self, n, k)
@@ -437,11 +448,11 @@ class CudaBackend:
         return next(x for x in self.buckets if x >= n)
 
     def prefill_sample(self, slots, token_lists, seeds, request_ids, token_indices, temperatures,
-                       greedy) -> tuple[np.ndarray, np.ndarray]:
+                       greedy, forced=None) -> tuple[np.ndarray, np.ndarray]:
         """Prefill from position 0 and sample each sequence's next token where its logits
         are: only tokens and log-probabilities cross to the host."""
         logits = self.prefill_batch(slots, token_lists, device=True)
-        return self.sample(logits, seeds, request_ids, token_indices, temperatures, greedy)
+        return self.sample(logits, seeds, request_ids, token_indices, temperatures, greedy, forced)
 
     def prefill(self, slot: int, token_ids: Sequence[int], start_pos: int = 0, device: bool = False):
         """float32 logits [V] of the last position (NumPy; CuPy with device=True)."""
@@ -466,14 +477,36 @@ class CudaBackend:
         assert len({s for s, _, _ in seqs}) == len(seqs), "prefill slots must be distinct"
         with self.stream:
             logits = cp.empty((len(seqs), self.cfg.vocab_size), dtype=np.float32)
-        for chunk in self._prefill_passes(seqs):
-            self._prefill_pass(chunk, logits)
+        if self.batch_invariant:
+            self._prefill_by_decode(seqs, logits)
+        else:
+            for chunk in self._prefill_passes(seqs):
+                self._prefill_pass(chunk, logits)
         for slot, ids, start in seqs:
             self.lengths[slot] = start + len(ids)
         if device:
             return logits
         with self.stream:
             return logits.get()
+
+    def _prefill_by_decode(self, seqs, logits_out: cp.ndarray) -> None:
+        """The batch-invariant prefill: token j of every sequence still that long in one decode
+        step of the (single) bucket, so a prompt's cache and last logits are computed by the
+        decode kernels, as the answer's tokens are."""
+        longest = max(len(ids) for _, ids, _ in seqs)
+        for j in range(longest):
+            rows = [i for i, (_, ids, _) in enumerate(seqs) if j < len(ids)]
+            slots, tokens, positions = self._check_decode([seqs[i][0] for i in rows], [seqs[i][1][j] for i in rows],
+                                                          [seqs[i][2] + j for i in rows])
+            b, _, k = self._stage_decode(slots, tokens, positions)
+            self._run_decode(b, False, k)
+            self.lengths[slots] = positions + 1
+            last = [r for r, i in enumerate(rows) if j == len(seqs[i][1]) - 1]
+            with self.stream:
+                if last:
+                    where = cp.asarray(np.asarray([rows[r] for r in last], dtype=np.int64))
+                    logits_out[where] = self.dec.logits[cp.asarray(np.asarray(last, dtype=np.int64))]
+                self.stream.synchronize()  # the graph reads its pinned inputs when it runs: keep them until then
 
     def _prefill_passes(self, seqs):
         """Pieces (sequence index, slot, ids, start, is_last) grouped into passes of <= chunk rows."""

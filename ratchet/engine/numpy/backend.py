@@ -29,6 +29,8 @@ PREFILL_CHUNK = 64  # prompt tokens per forward pass: bounds the attention tempo
 
 
 class NumpyBackend:
+    batch_invariant = True  # always (layers.py): a row's bits never depend on the batch
+
     def __init__(self, cfg: ModelConfig, dtype: str, max_batch_size: int, max_seq_len: int):
         if dtype not in DTYPES:
             raise ValueError(f"numpy backend: dtype {dtype!r} is not one of {DTYPES}")
@@ -90,24 +92,24 @@ class NumpyBackend:
                          for slot, ids, start in zip(slots, token_lists, starts)])
 
     def prefill_sample(self, slots, token_lists, seeds, request_ids, token_indices,
-                       temperatures, greedy) -> tuple[np.ndarray, np.ndarray]:
+                       temperatures, greedy, forced=None) -> tuple[np.ndarray, np.ndarray]:
         return sample(self.prefill_batch(slots, token_lists), seeds, request_ids, token_indices,
-                      temperatures, greedy)
+                      temperatures, greedy, forced)
 
     def decode_sample(self, slots, tokens, positions, seeds, request_ids, token_indices,
-                      temperatures, greedy) -> tuple[np.ndarray, np.ndarray]:
+                      temperatures, greedy, forced=None) -> tuple[np.ndarray, np.ndarray]:
         return self.decode_sample_async(slots, tokens, positions, seeds, request_ids, token_indices,
-                                        temperatures, greedy).result()
+                                        temperatures, greedy, forced=forced).result()
 
     def decode_sample_async(self, slots, tokens, positions, seeds, request_ids, token_indices,
-                            temperatures, greedy, feed=None) -> ReadyStep:
+                            temperatures, greedy, feed=None, forced=None) -> ReadyStep:
         """Computed at once (the CPU has nothing to overlap); `feed` as the protocol says."""
         prev = self._last_tokens
         feed, tokens = feed_rows(feed, tokens, 0 if prev is None else len(prev))
         if feed is not None:
             tokens = fed_tokens(feed, tokens, prev)
         out = sample(self.decode(slots, tokens, positions), seeds, request_ids, token_indices,
-                     temperatures, greedy)
+                     temperatures, greedy, forced)
         self._last_tokens = out[0]
         return ReadyStep(*out)
 
