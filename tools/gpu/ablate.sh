@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# GPU calls: the mismatch ablations of the local profile (real GGUF model, GSM8K), i.e.
+#   snakemake ablate_decompose ablate_fix --cores all --resources gpu_jobs=2 --configfile config/local.yaml
+# (with their inputs: download, convert, build), both ablations at once on the one GPU,
+# detached (a device call lasts at most 10 minutes) and polled:
+#   bash tools/gpu/ablate.sh start     # model + data in place, launch, return
+#   bash tools/gpu/ablate.sh wait      # poll up to WAIT_S s (default 540), show progress
+#   bash tools/gpu/ablate.sh collect   # tables, figures, logs and h200-ablate.json -> $OUT/h200-ablate.tgz
+# Before: as tools/gpu/local-pipeline.sh (wheels, data, model chunks in /root/m, .cache/commit).
+set -uo pipefail
+source tools/gpu/env.sh
+state=/root/ablate
+command="snakemake ablate_decompose ablate_fix --cores all --resources gpu_jobs=2 --configfile config/local.yaml"
+
+case "${1:?start, wait or collect}" in
+start)
+  bash tools/gpu/assemble-model.sh || exit 1
+  mkdir -p ../shared/data && ln -sfn /root/data/gsm8k ../shared/data/gsm8k
+  rm -rf "$state" && mkdir -p "$state"
+  export RATCHET_TRACKING=${RATCHET_TRACKING:-off}
+  setsid nohup bash tools/gpu/ablate.sh run > "$state/run.log" 2>&1 < /dev/null &
+  sleep 15 && tail -5 "$state/snakemake.log"
+  ;;
+run)
+  t0=$(date +%s.%N)
+  python3 -m $command > "$state/snakemake.log" 2>&1
+  rc=$?
+  t1=$(date +%s.%N)
+  python3 -c "print($t1 - $t0)" > "$state/wall_s"
+  echo "$rc" > "$state/rc"
+  ;;
+wait)
+  end=$((SECONDS + ${WAIT_S:-540}))
+  while [ ! -f "$state/rc" ] && [ $SECONDS -lt $end ]; do sleep 5; done
+  grep -E "Finished jobid|Error|error|Exiting" "$state/snakemake.log" | tail -15
+  for f in results/local/logs/ablate_*.log; do echo "== $f"; grep -E "updates|run|after training" "$f" | tail -14 | cut -c1-200; done
+  [ -f "$state/rc" ] && echo "rc $(cat "$state/rc"), wall $(cat "$state/wall_s") s" || echo "still running"
+  ;;
+collect)
+  [ -f .cache/commit ] && export RATCHET_COMMIT=$(cat .cache/commit)
+  mkdir -p "$OUT/h200-ablate"
+  cp -r results/local/ablate results/local/benchmarks "$OUT/h200-ablate/" 2>/dev/null
+  mkdir -p "$OUT/h200-ablate/logs" && cp results/local/logs/ablate_*.log "$OUT/h200-ablate/logs/" 2>/dev/null
+  cp "$state/snakemake.log" "$state/wall_s" "$OUT/h200-ablate/" 2>/dev/null
+  python3 - "$OUT/h200-ablate/h200-ablate.json" "$command" <<'PY'
+import json, os, sys
+from pathlib import Path
+import pandas as pd
+from ratchet import config
+from ratchet.mismatch.fix import AblateSettings
+from ratchet.stages.ablate import records
+cfg = config.load(Path("config/local.yaml"), [])
+a = Path("results/local/ablate")
+read = lambda name: pd.read_parquet(a / name) if (a / name).is_file() else None
+rec = records(AblateSettings.from_config(cfg), read("decompose.parquet"), read("visibility.parquet"),
+              read("fix.parquet"))
+import cupy
+rec = {"command": sys.argv[2], "commit": os.environ.get("RATCHET_COMMIT"),
+       "device": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(), **rec}
+Path(sys.argv[1]).write_text(json.dumps(rec, indent=1) + "\n")
+print(json.dumps({k: v for k, v in rec.items() if not isinstance(v, dict)}, indent=1))
+PY
+  tar czf "$OUT/h200-ablate.tgz" -C "$OUT" h200-ablate && rm -rf "$OUT/h200-ablate"
+  ;;
+esac
