@@ -508,10 +508,12 @@ def qwen05_config() -> ModelConfig:
 # So 1e-3 cannot hold for fp16 activations on a 24-layer model; the bounds leave ~40% margin.
 # An fp32 engine (fp32 weights and activations) against the trainer on the same fp32 weights
 # differs only by summation order: the bound, 1e-4.
-# "hf-stored": the closest trainer, its fp32 activations rounded to fp16 where the engine stores
-# them (storage_dtype, ratchet/trainer/precision.py): the 1e-3.
-DLOGP_BOUND = {("fp16", "hf"): 1.5e-3, ("fp16", "hf-stored"): 1e-3, ("fp16", "spread"): 1e-2,
-               ("fp32", "hf"): 1e-4, ("fp32", "spread"): 1e-4}
+# A trainer that also rounds its fp32 activations where the engine stores them (storage_dtype,
+# ratchet/trainer/precision.py) is no closer here: "hf" measured 1.15e-3 on the H200 against
+# 1.03e-3 without (two roundings of values that differ in their fp32 summation order part
+# ways at the first one that flips). The engine's own arithmetic (teacher forcing through its
+# kernels, ratchet/engine/score.py) is what matches: test_batch_invariant_engine_replays_...
+DLOGP_BOUND = {("fp16", "hf"): 1.5e-3, ("fp16", "spread"): 1e-2, ("fp32", "hf"): 1e-4, ("fp32", "spread"): 1e-4}
 
 
 @pytest.mark.parametrize("dtype,init", list(DLOGP_BOUND))
@@ -524,8 +526,6 @@ def test_engine_vs_trainer_qwen05_shapes(dtype, init):
     from ratchet.engine.cuda.backend import CudaBackend
     from ratchet.trainer.policy import Policy
 
-    storage = dtype if init.endswith("-stored") else "fp32"
-    init = init.removesuffix("-stored")
     cfg = qwen05_config()
     torch.manual_seed(0)
     with torch.device("cuda"):
@@ -565,13 +565,12 @@ def test_engine_vs_trainer_qwen05_shapes(dtype, init):
         trainer_lp = []
         for i in range(0, batch, 16):
             lp, mask, _ = policy.token_logprobs(prompts[i:i + 16], responses[i:i + 16], weight_dtype=dtype,
-                                                compute_dtype="fp32", storage_dtype=storage)
+                                                compute_dtype="fp32")
             trainer_lp.append(lp[mask].cpu().numpy())
     trainer_lp = np.concatenate(trainer_lp)
     engine_flat = np.concatenate([np.asarray(x, np.float32) for x in engine_lp])
     d = np.abs(engine_flat - trainer_lp)
-    print(f"\nengine {dtype} vs trainer ({dtype} weights, fp32 compute, {storage} storage), init {init}: "
-          f"{d.size} tokens, "
+    print(f"\nengine {dtype} vs trainer ({dtype} weights, fp32 compute), init {init}: {d.size} tokens, "
           f"mean |dlogp| {d.mean():.3g}, max {d.max():.3g}, mean logp {engine_flat.mean():.3f}")
     assert d.size >= 16000
     assert d.mean() <= DLOGP_BOUND[dtype, init]
