@@ -32,7 +32,9 @@ deterministic). With `batch_invariant=True` it is batch-invariant too: one decod
 whatever rows a step holds, and prompts are prefilled by decode steps (the same kernels as
 the answer's tokens), so a row's bits depend on its own tokens only. Its prefill then costs a
 decode step per prompt token; the ablations use it to score answers with the engine's own
-arithmetic (ratchet/engine/score.py).
+arithmetic (ratchet/engine/score.py). (On an H200 the default mode replayed 40 rollouts bit
+for bit too, cuBLAS's kernels for these shapes being row-invariant across buckets
+(tests/test_cuda_engine.py); nothing promises that for other shapes, GPUs or versions.)
 """
 
 from __future__ import annotations
