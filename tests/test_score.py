@@ -62,3 +62,6 @@ def test_teacher_forcing_checks_its_inputs():
     with pytest.raises(ValueError, match="past the engine's max_seq_len 16"):
         teacher_forced_logprobs(engine, [[1] * 10], [[3] * 7])
     assert teacher_forced_logprobs(engine, [[1], [2]], [[], [5]])[0] == []
+    engine.add(Request(0, [1, 2], max_new_tokens=3))
+    with pytest.raises(RuntimeError, match="1 requests are running or waiting"):
+        teacher_forced_logprobs(engine, [[1]], [[3]])

@@ -152,6 +152,13 @@ class Engine:
         self._drain()
         self.backend.update_weights(weights)
 
+    def drain(self) -> None:
+        """Wait for the step launched ahead of finished rows, if any, so that the backend is
+        free for direct use (ratchet/engine/score.py); refuses while requests are unfinished."""
+        if not self.scheduler.is_idle:
+            raise RuntimeError(f"engine: {self.num_unfinished} requests are running or waiting")
+        self._drain()
+
     @property
     def num_unfinished(self) -> int:
         return len(self.scheduler.running) + len(self.scheduler.waiting)

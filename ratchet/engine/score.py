@@ -25,9 +25,7 @@ def teacher_forced_logprobs(engine, prompts: list[list[int]], answers: list[list
     answer). `engine` must be idle (no running or waiting request); its slots are left free."""
     if len(prompts) != len(answers):
         raise ValueError(f"teacher forcing: {len(prompts)} prompts for {len(answers)} answers")
-    if not engine.scheduler.is_idle:
-        raise RuntimeError("teacher forcing: the engine has running or waiting requests")
-    engine._drain()  # a step launched ahead of finished rows
+    engine.drain()  # refuses a busy engine; waits for a step launched ahead of finished rows
     be = engine.backend
     size = min(batch_size or engine.max_batch_size, engine.max_batch_size)
     greedy = temperature == 0

@@ -156,8 +156,13 @@ class Trajectory:
         groups, _ = self.rollouts.collect(self.engine, self.step, version=self.step)
         batch = make_batch(groups, self.setup.task, self.cfg)
         if self.cfg.exact_forward:  # the engine holds the rounded masters: the trainer's weights
-            batch.exact_logprobs = teacher_forced_logprobs(self.engine, batch.prompts, batch.responses,
-                                                           self.cfg.temperature, self.cfg.micro_batch_size)
+            kept = np.flatnonzero(batch.keep)  # only the trained answers (others: never read)
+            scored = teacher_forced_logprobs(self.engine, [batch.prompts[i] for i in kept],
+                                             [batch.responses[i] for i in kept], self.cfg.temperature,
+                                             self.cfg.micro_batch_size)
+            batch.exact_logprobs = [[] for _ in batch.responses]
+            for i, lp in zip(kept, scored):
+                batch.exact_logprobs[i] = lp
         metrics = train_on_batch(self.policy, self.optimizer, batch, self.cfg, version=self.step)
         sync_weights(self.engine, self.policy)
         self.step += 1
