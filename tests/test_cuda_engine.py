@@ -398,7 +398,8 @@ def test_batch_invariant_engine_replays_its_rollouts_bit_for_bit(dtype):
     rollout log-probability bit for bit; the default engine is measured beside it."""
     from ratchet.engine.engine import Engine
     from ratchet.engine.request import Request
-    from ratchet.engine.score import max_abs_gap, teacher_forced_logprobs
+    from ratchet.engine.score import teacher_forced_logprobs
+    from test_score import max_gap
 
     cfg = ModelConfig(arch="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864, num_layers=4,
                       num_heads=14, num_kv_heads=2, head_dim=64, qkv_bias=True, tie_word_embeddings=True,
@@ -414,7 +415,7 @@ def test_batch_invariant_engine_replays_its_rollouts_bit_for_bit(dtype):
         reqs = engine.generate([Request(i, p, max_new_tokens=int(m), temperature=1.0, seed=11)
                                 for i, (p, m) in enumerate(zip(prompts, budgets))])
         forced = teacher_forced_logprobs(engine, prompts, [r.output for r in reqs], 1.0, batch_size=7)
-        gaps[invariant] = max_abs_gap([r.logprobs for r in reqs], forced)
+        gaps[invariant] = max_gap([r.logprobs for r in reqs], forced)
         del engine
     print(f"\n{dtype}: max |rollout - teacher forcing| batch-invariant {gaps[True]:.3g}, default {gaps[False]:.3g}")
     assert gaps[True] == 0.0

@@ -145,18 +145,16 @@ class Engine:
 
     def update_weights(self, weights: Mapping[str, np.ndarray]) -> None:
         """Overwrite any subset of the weights in place; drops all cached state."""
-        if not self.scheduler.is_idle:
-            busy = len(self.scheduler.running) + len(self.scheduler.waiting)
-            raise RuntimeError(f"update_weights: {busy} requests are running or waiting; "
-                               "cancel or finish them first")
-        self._drain()
+        self.drain("update_weights")
         self.backend.update_weights(weights)
 
-    def drain(self) -> None:
+    def drain(self, caller: str = "drain") -> None:
         """Wait for the step launched ahead of finished rows, if any, so that the backend is
-        free for direct use (ratchet/engine/score.py); refuses while requests are unfinished."""
+        free for direct use (a weight update, ratchet/engine/score.py); refuses while
+        requests are unfinished."""
         if not self.scheduler.is_idle:
-            raise RuntimeError(f"engine: {self.num_unfinished} requests are running or waiting")
+            raise RuntimeError(f"{caller}: {self.num_unfinished} requests are running or waiting; "
+                               "cancel or finish them first")
         self._drain()
 
     @property

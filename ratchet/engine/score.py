@@ -16,7 +16,6 @@ the ablations measure it rather than assume it is zero.
 
 from __future__ import annotations
 
-import numpy as np
 
 
 def teacher_forced_logprobs(engine, prompts: list[list[int]], answers: list[list[int]],
@@ -25,7 +24,7 @@ def teacher_forced_logprobs(engine, prompts: list[list[int]], answers: list[list
     answer). `engine` must be idle (no running or waiting request); its slots are left free."""
     if len(prompts) != len(answers):
         raise ValueError(f"teacher forcing: {len(prompts)} prompts for {len(answers)} answers")
-    engine.drain()  # refuses a busy engine; waits for a step launched ahead of finished rows
+    engine.drain("teacher forcing")  # refuses a busy engine; waits for a step launched ahead
     be = engine.backend
     size = min(batch_size or engine.max_batch_size, engine.max_batch_size)
     greedy = temperature == 0
@@ -63,9 +62,3 @@ def _params(ids: list[int], t: int, temperature: float, greedy: bool) -> dict:
     n = len(ids)
     return dict(seeds=[0] * n, request_ids=list(ids), token_indices=[t] * n,
                 temperatures=[temperature] * n, greedy=[greedy] * n)
-
-
-def max_abs_gap(engine_logprobs: list[list[float]], forced: list[list[float]]) -> float:
-    """max |engine - forced| over every token (0.0 for no tokens)."""
-    d = [np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)) for a, b in zip(engine_logprobs, forced)]
-    return float(max((x.max() for x in d if x.size), default=0.0))
