@@ -352,6 +352,8 @@ class CudaBackend:
         owner = self._out_owner[k]
         if owner is not None:  # the step two launches back: read its result, its graph has read the buffer
             owner.result()
+        else:  # the step two launches back had no sampler (or there was none): wait until it ran
+            self._done[k].synchronize()
         self._buf ^= 1
         n = len(slots)
         b = self._bucket(n)
@@ -368,16 +370,16 @@ class CudaBackend:
         return b, host, k
 
     def _run_decode(self, b: int, sample: bool, k: int) -> None:
-        """Bucket b's step on buffer pair k's staged inputs (its graph, or eagerly); with the
-        sampler, the tokens and log-probabilities land in host_out[k] and event _done[k] fires."""
+        """Bucket b's step on buffer pair k's staged inputs (its graph, or eagerly); event
+        _done[k] fires after it (with the sampler, the tokens and log-probabilities are then
+        in host_out[k])."""
         with self.stream:
             graph = self._graph(b, sample, k) if self.use_graphs else None
             if graph is not None:
                 graph.launch(self.stream)
             else:
                 self._decode_body(b, sample, k)
-            if sample:
-                self._done[k].record(self.stream)
+            self._done[k].record(self.stream)
 
     def decode(self, slots: Sequence[int], tokens: Sequence[int], positions: Sequence[int],
                device: bool = False):
@@ -386,12 +388,17 @@ class CudaBackend:
         if not len(slots):
             empty = np.zeros((0, self.cfg.vocab_size), dtype=np.float32)
             return cp.asarray(empty) if device else empty
+        logits = self._decode_logits(slots, tokens, positions)
+        with self.stream:
+            return logits.copy() if device else logits.get()
+
+    def _decode_logits(self, slots: np.ndarray, tokens: np.ndarray, positions: np.ndarray) -> cp.ndarray:
+        """One decode step without the sampler on checked inputs: the rows' logits, a view of
+        the workspace that the next step overwrites (read it on self.stream before then)."""
         b, _, k = self._stage_decode(slots, tokens, positions)
         self._run_decode(b, False, k)
         self.lengths[slots] = positions + 1
-        with self.stream:
-            logits = self.dec.logits[:len(slots)]
-            return logits.copy() if device else logits.get()
+        return self.dec.logits[:len(slots)]
 
     def sample(self, logits, seeds, request_ids, token_indices, temperatures,
                greedy, forced=None) -> tuple[np.ndarray, np.ndarray]:
@@ -498,17 +505,13 @@ class CudaBackend:
         longest = max(len(ids) for _, ids, _ in seqs)
         for j in range(longest):
             rows = [i for i, (_, ids, _) in enumerate(seqs) if j < len(ids)]
-            slots, tokens, positions = self._check_decode([seqs[i][0] for i in rows], [seqs[i][1][j] for i in rows],
-                                                          [seqs[i][2] + j for i in rows])
-            b, _, k = self._stage_decode(slots, tokens, positions)
-            self._run_decode(b, False, k)
-            self.lengths[slots] = positions + 1
+            logits = self._decode_logits(*self._check_decode([seqs[i][0] for i in rows], [seqs[i][1][j] for i in rows],
+                                                             [seqs[i][2] + j for i in rows]))
             last = [r for r, i in enumerate(rows) if j == len(seqs[i][1]) - 1]
-            with self.stream:
-                if last:
+            if last:
+                with self.stream:
                     where = cp.asarray(np.asarray([rows[r] for r in last], dtype=np.int64))
-                    logits_out[where] = self.dec.logits[cp.asarray(np.asarray(last, dtype=np.int64))]
-                self.stream.synchronize()  # the graph reads its pinned inputs when it runs: keep them until then
+                    logits_out[where] = logits[cp.asarray(np.asarray(last, dtype=np.int64))]
 
     def _prefill_passes(self, seqs):
         """Pieces (sequence index, slot, ids, start, is_last) grouped into passes of <= chunk rows."""
