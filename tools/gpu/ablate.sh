@@ -9,29 +9,22 @@
 # Before: as tools/gpu/local-pipeline.sh (wheels, data, model chunks in /root/m, .cache/commit).
 set -uo pipefail
 source tools/gpu/env.sh
+source tools/gpu/detached.sh
 state=/root/ablate
 command="snakemake ablate_decompose ablate_fix --cores all --resources gpu_jobs=2 --configfile config/local.yaml"
 
 case "${1:?start, wait or collect}" in
 start)
-  bash tools/gpu/assemble-model.sh || exit 1
-  mkdir -p ../shared/data && ln -sfn /root/data/gsm8k ../shared/data/gsm8k
-  rm -rf "$state" && mkdir -p "$state"
+  inputs_in_place || exit 1
   export RATCHET_TRACKING=${RATCHET_TRACKING:-off}
-  setsid nohup bash tools/gpu/ablate.sh run > "$state/run.log" 2>&1 < /dev/null &
+  start_detached "$state" tools/gpu/ablate.sh
   sleep 15 && tail -5 "$state/snakemake.log"
   ;;
 run)
-  t0=$(date +%s.%N)
-  python3 -m $command > "$state/snakemake.log" 2>&1
-  rc=$?
-  t1=$(date +%s.%N)
-  python3 -c "print($t1 - $t0)" > "$state/wall_s"
-  echo "$rc" > "$state/rc"
+  run_timed "$state" python3 -m $command
   ;;
 wait)
-  end=$((SECONDS + ${WAIT_S:-540}))
-  while [ ! -f "$state/rc" ] && [ $SECONDS -lt $end ]; do sleep 5; done
+  wait_done "$state"
   grep -E "Finished jobid|Error|error|Exiting" "$state/snakemake.log" | tail -15
   for f in results/local/logs/ablate_*.log; do echo "== $f"; grep -E "updates|run|after training" "$f" | tail -14 | cut -c1-200; done
   [ -f "$state/rc" ] && echo "rc $(cat "$state/rc"), wall $(cat "$state/wall_s") s" || echo "still running"

@@ -14,14 +14,13 @@
 # .cache/commit` and carry it with `start`, since the machine's copy of .git can be stale.
 set -uo pipefail
 source tools/gpu/env.sh
+source tools/gpu/detached.sh
 state=/root/pipeline
 command="snakemake --cores all --configfile config/local.yaml"
 
 case "${1:?start, wait or collect}" in
 start)
-  bash tools/gpu/assemble-model.sh || exit 1
-  mkdir -p ../shared/data && ln -sfn /root/data/gsm8k ../shared/data/gsm8k
-  rm -rf "$state" && mkdir -p "$state"
+  inputs_in_place || exit 1
   python3 - <<'PY' || { echo "MLflow's SQLite store fails here: tracking off"; export RATCHET_TRACKING=off; }
 import tempfile, mlflow
 c = mlflow.MlflowClient(f"sqlite:///{tempfile.mkdtemp()}/m.db")
@@ -29,23 +28,17 @@ r = c.create_run(c.create_experiment("smoke"))
 c.log_metric(r.info.run_id, "x", 1.0, step=1)
 print("mlflow sqlite ok")
 PY
-  setsid nohup bash tools/gpu/local-pipeline.sh run > "$state/run.log" 2>&1 < /dev/null &
+  start_detached "$state" tools/gpu/local-pipeline.sh
   sleep 20 && tail -5 "$state/snakemake.log"
   ;;
 run)
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 1000 > "$state/gpu_mem_mib.txt" &
   sampler=$!
-  t0=$(date +%s.%N)
-  $command > "$state/snakemake.log" 2>&1
-  rc=$?
-  t1=$(date +%s.%N)
+  run_timed "$state" $command
   kill "$sampler"
-  python3 -c "print($t1 - $t0)" > "$state/wall_s"
-  echo "$rc" > "$state/rc"
   ;;
 wait)
-  end=$((SECONDS + ${WAIT_S:-540}))
-  while [ ! -f "$state/rc" ] && [ $SECONDS -lt $end ]; do sleep 5; done
+  wait_done "$state"
   grep -E "^\[|Finished jobid|Error|error|Exiting" "$state/snakemake.log" | tail -25
   for f in results/local/logs/*.log; do echo "== $f: $(grep -v '^\s*$' "$f" | tail -1 | cut -c1-240)"; done
   sort -n "$state/gpu_mem_mib.txt" | tail -1 | sed 's/^/peak GPU memory MiB so far: /'
