@@ -145,7 +145,7 @@ def fed_tokens(feed: np.ndarray, tokens: np.ndarray, prev_tokens: np.ndarray) ->
 
 
 def make_backend(name: str, cfg: ModelConfig, dtype: str, max_batch_size: int,
-                 max_seq_len: int, batch_invariant: bool = False) -> Backend:
+                 max_seq_len: int, batch_invariant: bool = False, device: int | None = None) -> Backend:
     """The backend called `name`, empty (no weights yet); batch-invariant on request."""
     if name == "numpy":
         from ratchet.engine.numpy.backend import NumpyBackend
@@ -157,5 +157,6 @@ def make_backend(name: str, cfg: ModelConfig, dtype: str, max_batch_size: int,
         except ImportError as e:
             raise ImportError(f"the cuda backend cannot be loaded ({e}); it needs CuPy and a GPU "
                               "(pip install 'ratchet[cuda]')") from e
-        return CudaBackend(cfg, dtype, max_batch_size, max_seq_len, batch_invariant=batch_invariant)
+        return CudaBackend(cfg, dtype, max_batch_size, max_seq_len, batch_invariant=batch_invariant,
+                           device=device)
     raise ValueError(f"unknown engine backend {name!r}; expected one of {BACKENDS}")

@@ -54,13 +54,14 @@ class EngineStats:
 class Engine:
     def __init__(self, model, backend: str = "numpy", max_batch_size: int = 64,
                  max_seq_len: int | None = None, eos_ids: Iterable[int] | None = None,
-                 overlap: bool = True, batch_invariant: bool = False):
+                 overlap: bool = True, batch_invariant: bool = False, device: int | None = None):
         """`model`: anything with `.cfg` (ModelConfig), `.weights` (engine names -> float32
         arrays on the dtype grid) and `.dtype` ("fp32", "fp16", "bf16"), e.g. an EngineModel.
         `overlap`: launch each decode step before reading the previous one's tokens.
         `batch_invariant`: a backend whose rows' bits do not depend on the batch (the NumPy
         one always is; see ratchet/engine/backend.py), so answers can be scored later by
-        `ratchet.engine.score` and get the bits they were sampled with."""
+        `ratchet.engine.score` and get the bits they were sampled with. `device`: the GPU a
+        CUDA engine runs on (default: the current one); ignored by the NumPy backend."""
         cfg = model.cfg
         if max_seq_len is None:
             max_seq_len = min(cfg.max_position_embeddings, DEFAULT_MAX_SEQ_LEN)
@@ -73,7 +74,8 @@ class Engine:
         eos_ids = cfg.eos_token_ids if eos_ids is None else eos_ids
         self.eos_ids = frozenset(int(t) for t in eos_ids)
         self.backend_name = backend
-        self.backend = make_backend(backend, cfg, model.dtype, max_batch_size, max_seq_len, batch_invariant)
+        self.backend = make_backend(backend, cfg, model.dtype, max_batch_size, max_seq_len, batch_invariant,
+                                    device)
         self.backend.load_weights(model.weights)
         self.scheduler = Scheduler(max_batch_size)
         self.stats = EngineStats()
@@ -156,6 +158,24 @@ class Engine:
             raise RuntimeError(f"{caller}: {self.num_unfinished} requests are running or waiting; "
                                "cancel or finish them first")
         self._drain()
+
+    def score(self, prompts: list[list[int]], answers: list[list[int]], temperature: float = 1.0,
+              batch_size: int | None = None) -> list[list[float]]:
+        """The log-probability of every given answer token by this engine's own arithmetic
+        (teacher forcing, ratchet/engine/score.py); the engine must be idle."""
+        from ratchet.engine.score import teacher_forced_logprobs
+
+        return teacher_forced_logprobs(self, prompts, answers, temperature, batch_size)
+
+    @property
+    def weight_device(self) -> str:
+        """Where `update_weights` takes tensors without a host copy: "cpu" (NumPy arrays) or
+        "cuda:N" (DLPack tensors on that GPU)."""
+        return self.backend.weight_device
+
+    @property
+    def batch_invariant(self) -> bool:
+        return self.backend.batch_invariant
 
     @property
     def num_unfinished(self) -> int:

@@ -126,7 +126,9 @@ class _CudaStep:
 class CudaBackend:
     def __init__(self, cfg: ModelConfig, dtype: str = "fp16", max_batch_size: int = 64,
                  max_seq_len: int = 4096, use_graphs: bool = True, prefill_chunk: int = PREFILL_CHUNK,
-                 batch_invariant: bool = False):
+                 batch_invariant: bool = False, device: int | None = None):
+        if device is not None:
+            cp.cuda.Device(device).use()  # every buffer, stream and graph below lives on it
         if dtype not in DTYPES:
             raise ValueError(f"cuda backend: dtype {dtype!r} is not one of {DTYPES}")
         hd, group = cfg.head_dim, cfg.num_heads // cfg.num_kv_heads
@@ -136,6 +138,8 @@ class CudaBackend:
         self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
         self.use_graphs, self.prefill_chunk = use_graphs, prefill_chunk
         self.batch_invariant = batch_invariant
+        self.device_id = cp.cuda.Device().id
+        self.weight_device = f"cuda:{self.device_id}"  # update_weights takes DLPack tensors there
         self.storage = np.dtype(STORAGE[dtype])
         self.ops = Ops(dtype, hd, group)
         self.stream = cp.cuda.Stream(non_blocking=True)

@@ -30,6 +30,7 @@ PREFILL_CHUNK = 64  # prompt tokens per forward pass: bounds the attention tempo
 
 class NumpyBackend:
     batch_invariant = True  # always (layers.py): a row's bits never depend on the batch
+    weight_device = "cpu"  # update_weights takes NumPy arrays
 
     def __init__(self, cfg: ModelConfig, dtype: str, max_batch_size: int, max_seq_len: int):
         if dtype not in DTYPES:
