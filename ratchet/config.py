@@ -1,6 +1,6 @@
 """Pipeline configuration: load a YAML profile, apply `key=value` overrides, validate.
 
-One schema (`workflow/schemas/config.schema.yaml`) serves Snakemake and the `ratchet` CLI.
+One schema (`ratchet/schemas/config.schema.yaml`) serves Snakemake and the `ratchet` CLI.
 Validation fills every default and fails with one message naming the offending key, before
 any work starts.
 """
@@ -8,13 +8,15 @@ any work starts.
 from __future__ import annotations
 
 import copy
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import yaml
 
-SCHEMA_PATH = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "config.schema.yaml"
+# package data, so an installed wheel validates a config without the checkout
+SCHEMA_PATH = Path(str(resources.files("ratchet") / "schemas" / "config.schema.yaml"))
 
 
 class ConfigError(ValueError):

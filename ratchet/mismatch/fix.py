@@ -44,7 +44,7 @@ GAP_COLUMNS = {
 
 @dataclass
 class AblateSettings:
-    """The `ablate:` config section (see workflow/schemas/config.schema.yaml)."""
+    """The `ablate:` config section (see ratchet/schemas/config.schema.yaml)."""
     updates: tuple[int, ...] = (0, 1, 3, 10, 30)
     num_rollouts: int = 64
     max_new_tokens: int = 8

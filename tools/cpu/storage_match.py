@@ -8,7 +8,7 @@ one 60-token prompt), and optionally on sampled rollouts of the whole model.
 
 Why it matters: matching the rounding points leaves only the fp32 summation order apart, but
 rounding is discontinuous: one activation that rounds the other way is a full fp16 step, and
-from there on the two forwards round independently (kernels/NOTES.md, mismatch section).
+from there on the two forwards round independently (docs/KERNELS.md, mismatch section).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from ratchet.tracking import end_pipeline
 # Fill defaults and reject unknown keys or wrong types with a message naming the key, before
 # any rule runs; then the standard schema check (a no-op on a config that passed).
 config.update(ratchet.config.validate(config))
-validate(config, "../schemas/config.schema.yaml")
+validate(config, str(ratchet.config.SCHEMA_PATH))
 
 P = RunPaths.from_config(config)
 

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+from importlib import resources
 import re
 from pathlib import Path
 
 from ratchet.engine.cuda.plan import SPLIT_K
 
-KERNEL_DIR = Path(os.environ.get("RATCHET_KERNEL_DIR", Path(__file__).resolve().parents[3] / "kernels"))
+# the sources ship inside the package (a wheel has them too); RATCHET_KERNEL_DIR points elsewhere
+KERNEL_DIR = Path(os.environ.get("RATCHET_KERNEL_DIR") or str(resources.files("ratchet.engine.cuda") / "kernels"))
 
 BASE_OPTIONS = ("-std=c++17",)
 # Element-wise kernels: no fused multiply-add, so each fp32 product and sum rounds on its own.

@@ -16,7 +16,7 @@ MMA_SMEM_BYTES = 44 * 1024  # the merge's dynamic shared memory: with q_s (<= 4 
 # alone are faster (H200, weights from HBM: wo 4.07 -> 3.14 us, w_down 7.81 -> 5.44 us with its
 # split-K reduce kernel gone; tools/gpu/splitk_sweep.py). Launched plainly, the step's other
 # gaps grew by as much as the products gained; with programmatic dependent launch
-# (launch.py) they do not, and the B = 64 step is ~5% faster than either alone (kernels/NOTES.md
+# (launch.py) they do not, and the B = 64 step is ~5% faster than either alone (docs/KERNELS.md
 # run 6). rmsnorm.cu instantiates add_rmsnorm_warp<D, SPLIT_K>.
 SPLIT_K = 4
 SPLIT_K_MAX_ROWS = 64
