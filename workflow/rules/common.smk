@@ -37,7 +37,7 @@ else:
 
 def ratchet_cmd(stage):
     """The shell command of a rule: the stage, with its output going to the rule's log."""
-    return f"{PYTHON} -m ratchet {stage} --config-from-env > {{log}} 2>&1"
+    return f"{PYTHON} -m ratchet {stage} --config-from-env > {{log:q}} 2>&1"
 
 
 onsuccess:
