@@ -6,11 +6,14 @@
 # Each rule calls one stage function of the `ratchet` package (ratchet/stages/) and is one
 # MLflow child run of this invocation's parent run.
 
+import os
+
+
 # The tiny profile is the default, not a base: with --configfile PROFILE it is not read, so a
 # profile is laid over the schema's defaults exactly as `ratchet <stage> --config PROFILE` does.
 if not workflow.overwrite_configfiles:
 
-    configfile: "config/config.yaml"
+    configfile: os.path.join(workflow.basedir, "config", "config.yaml")
 
 
 

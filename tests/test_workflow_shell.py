@@ -1,0 +1,60 @@
+"""Config strings never reach a shell unquoted: results_dir and run_name are checked, every
+rule quotes its paths, and a results dir with a space works."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ratchet.config import ConfigError, validate
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("key", ["results_dir", "run_name"])
+@pytest.mark.parametrize("value", ["/tmp/x;touch /tmp/PWNED;y", "a$(id)", "a`id`", "a\nb", "tiny\n",
+                                   "a|b", "a>b", "a'b", 'a"b', "a&b"])
+def test_shell_metacharacters_are_refused_naming_the_key(key, value):
+    with pytest.raises(ConfigError, match=key):
+        validate({key: value})
+
+
+def test_ordinary_names_pass():
+    cfg = validate({"results_dir": "/tmp/my results/run-1.2", "run_name": "paper_v2.1"})
+    assert cfg["results_dir"] == "/tmp/my results/run-1.2"
+
+
+def _snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("RATCHET_CONFIG_JSON", "RATCHET_PIPELINE_ID")}
+    env["RATCHET_TRACKING"] = "off"
+    return subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"),
+                           "--directory", str(workdir), "--cores", "1", *args],
+                          capture_output=True, text=True, env=env, timeout=600)
+
+
+def test_injection_through_snakemake_config_runs_nothing(tmp_path):
+    marker = tmp_path / "PWNED"
+    proc = _snakemake(tmp_path, "--config", f"results_dir=x;touch {marker};y", "--", "download_model")
+    assert proc.returncode != 0
+    assert "results_dir" in proc.stdout + proc.stderr
+    assert not marker.exists()
+
+
+def test_rule_shells_quote_the_log_path(tmp_path):
+    proc = _snakemake(tmp_path, "-n", "-p", "--config", "results_dir=my results", "--", "download_model")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "> 'my results/tiny/logs/download_model.log'" in proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_a_results_dir_with_a_space_runs_a_rule(tmp_path):
+    proc = _snakemake(tmp_path, "--config", "results_dir=my results", "--", "download_model")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run = tmp_path / "my results" / "tiny"
+    assert (run / "source" / "source.json").is_file()
+    assert (run / "logs" / "download_model.log").is_file()
+    assert not (tmp_path / "my").exists()  # no stray file from an unquoted path
