@@ -15,6 +15,7 @@ from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from ratchet.data.tokenizer import CONFIG_FILE, TOKENIZER_FILE
+from ratchet.errors import InputError
 
 PAD, EOS = "<pad>", "<eos>"
 SPECIALS = (PAD, EOS)
@@ -22,9 +23,9 @@ SPECIALS = (PAD, EOS)
 
 def char_vocab(alphabet: str) -> dict[str, int]:
     if not alphabet:
-        raise ValueError("char tokenizer: the alphabet is empty")
+        raise InputError("char tokenizer: the alphabet is empty")
     if len(set(alphabet)) != len(alphabet):
-        raise ValueError(f"char tokenizer: alphabet {alphabet!r} repeats a character")
+        raise InputError(f"char tokenizer: alphabet {alphabet!r} repeats a character")
     vocab = {token: i for i, token in enumerate(SPECIALS)}
     vocab.update({char: len(SPECIALS) + i for i, char in enumerate(alphabet)})
     return vocab

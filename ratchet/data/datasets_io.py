@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from ratchet.errors import InputError, MissingInputError
+
 COLUMNS = ("id", "question", "answer", "target")
 
 
@@ -18,17 +20,17 @@ def check_split(df: pd.DataFrame, source: str) -> pd.DataFrame:
     """Raise one ValueError naming `source` unless `df` is a usable split; return it typed."""
     missing = [c for c in COLUMNS if c not in df.columns]
     if missing:
-        raise ValueError(f"{source}: missing column(s) {missing} (a split needs {list(COLUMNS)})")
+        raise InputError(f"{source}: missing column(s) {missing} (a split needs {list(COLUMNS)})")
     if len(df) == 0:
-        raise ValueError(f"{source}: the split is empty")
+        raise InputError(f"{source}: the split is empty")
     for column in COLUMNS:
         nulls = df[column].isna()
         if nulls.any():
-            raise ValueError(f"{source}: column {column!r} is empty in row {int(nulls.idxmax())}")
+            raise InputError(f"{source}: column {column!r} is empty in row {int(nulls.idxmax())}")
     if not pd.api.types.is_integer_dtype(df["id"]):
-        raise ValueError(f"{source}: column 'id' must hold integers, got {df['id'].dtype}")
+        raise InputError(f"{source}: column 'id' must hold integers, got {df['id'].dtype}")
     if df["id"].duplicated().any():
-        raise ValueError(f"{source}: id {int(df['id'][df['id'].duplicated()].iloc[0])} repeats")
+        raise InputError(f"{source}: id {int(df['id'][df['id'].duplicated()].iloc[0])} repeats")
     df = df.reset_index(drop=True)
     for column in COLUMNS[1:]:
         df[column] = df[column].astype(str)
@@ -54,9 +56,9 @@ def load_split(path: str | Path) -> pd.DataFrame:
     """Read a split written by `save_split`; ValueError naming the file if it is not one."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"dataset split {path} not found")
+        raise MissingInputError(f"dataset split {path} not found")
     try:
         df = pd.read_parquet(path)
     except Exception as exc:  # pyarrow raises several types for a file that is not parquet
-        raise ValueError(f"{path}: not a readable parquet file: {exc}") from None
+        raise InputError(f"{path}: not a readable parquet file: {exc}") from None
     return check_split(df, str(path))

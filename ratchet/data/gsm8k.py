@@ -16,6 +16,7 @@ import pandas as pd
 
 from ratchet.data.datasets_io import check_split
 from ratchet.data.reward import to_fraction
+from ratchet.errors import InputError, MissingInputError
 
 GSM8K_REPO = "openai/gsm8k"
 GSM8K_CONFIG = "main"
@@ -37,21 +38,21 @@ def records_to_frame(records, source: str, where: str = "row") -> pd.DataFrame:
     for position, record in records:
         place = f"{source} {where} {position}"
         if not isinstance(record, dict):
-            raise ValueError(f"{place}: expected an object with {list(FIELDS)}, got {record!r:.80}")
+            raise InputError(f"{place}: expected an object with {list(FIELDS)}, got {record!r:.80}")
         for field in FIELDS:
             if field not in record:
-                raise ValueError(f"{place}: missing column {field!r}")
+                raise InputError(f"{place}: missing column {field!r}")
             if not isinstance(record[field], str) or not record[field].strip():
-                raise ValueError(f"{place}: column {field!r} is empty or not text")
+                raise InputError(f"{place}: column {field!r} is empty or not text")
         target = gsm8k_target(record["answer"])
         if target is None:
-            raise ValueError(f"{place}: answer has no '####' before the final number")
+            raise InputError(f"{place}: answer has no '####' before the final number")
         if to_fraction(target) is None:
-            raise ValueError(f"{place}: the text after '####' is not a number: {target!r}")
+            raise InputError(f"{place}: the text after '####' is not a number: {target!r}")
         rows.append({"id": len(rows), "question": record["question"],
                      "answer": record["answer"], "target": target})
     if not rows:
-        raise ValueError(f"{source}: no rows")
+        raise InputError(f"{source}: no rows")
     return check_split(pd.DataFrame(rows), source)
 
 
@@ -59,24 +60,28 @@ def read_gsm8k_file(path: str | Path) -> pd.DataFrame:
     """One split from a .jsonl (one object per line) or .parquet file."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"GSM8K file {path} not found")
+        raise MissingInputError(f"GSM8K file {path} not found")
     if path.suffix == ".jsonl":
         return records_to_frame(_jsonl_records(path), str(path), where="line")
     if path.suffix == ".parquet":
         try:
             df = pd.read_parquet(path)
         except Exception as exc:  # pyarrow raises several types for a file that is not parquet
-            raise ValueError(f"{path}: not a readable parquet file: {exc}") from None
+            raise InputError(f"{path}: not a readable parquet file: {exc}") from None
         missing = [field for field in FIELDS if field not in df.columns]
         if missing:
-            raise ValueError(f"{path}: missing column(s) {missing}")
+            raise InputError(f"{path}: missing column(s) {missing}")
         return records_to_frame(enumerate(df.to_dict("records")), str(path))
-    raise ValueError(f"GSM8K file {path}: expected a .jsonl or .parquet file")
+    raise InputError(f"GSM8K file {path}: expected a .jsonl or .parquet file")
 
 
 def load_gsm8k_local(train_path: str | Path, test_path: str | Path
                      ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    return read_gsm8k_file(train_path), read_gsm8k_file(test_path)
+    train, test = read_gsm8k_file(train_path), read_gsm8k_file(test_path)
+    if Path(train_path).resolve() == Path(test_path).resolve() or train.equals(test):
+        raise InputError(f"config data.train_path and data.test_path: {train_path} and {test_path} "
+                         "hold the same problems; the test split must be held out")
+    return train, test
 
 
 def load_gsm8k_hub(repo_id: str = GSM8K_REPO, config: str = GSM8K_CONFIG,
@@ -89,14 +94,14 @@ def load_gsm8k_hub(repo_id: str = GSM8K_REPO, config: str = GSM8K_CONFIG,
     try:
         dataset = datasets.load_dataset(repo_id, config, revision=revision, cache_dir=cache_dir)
     except Exception as exc:
-        raise RuntimeError(
+        raise InputError(
             f"GSM8K: cannot load {name}: {type(exc).__name__}: {exc}. Without a network, the "
             "data must already be in the Hugging Face cache (HF_HUB_OFFLINE=1, "
             "HF_DATASETS_OFFLINE=1), or use load_gsm8k_local with .jsonl/.parquet files") from exc
     splits = []
     for split in ("train", "test"):
         if split not in dataset:
-            raise ValueError(f"GSM8K: {name} has no {split!r} split (found {list(dataset)})")
+            raise InputError(f"GSM8K: {name} has no {split!r} split (found {list(dataset)})")
         splits.append(records_to_frame(enumerate(dataset[split]), f"{repo_id}:{split}"))
     return splits[0], splits[1]
 
@@ -109,4 +114,4 @@ def _jsonl_records(path: Path):
             try:
                 yield number, json.loads(line)
             except json.JSONDecodeError as exc:
-                raise ValueError(f"{path} line {number}: not valid JSON: {exc}") from None
+                raise InputError(f"{path} line {number}: not valid JSON: {exc}") from None

@@ -38,6 +38,7 @@ import numpy as np
 import pandas as pd
 
 from ratchet.data.reward import reward
+from ratchet.errors import InputError
 
 ALPHABET = "0123456789+="
 OPS = ("add_mod10", "add_nocarry")
@@ -53,12 +54,12 @@ def make_arithmetic(n_train: int, n_test: int, seed: int = 0,
     its length): (999, 3) asks "037+2=".
     """
     if n_train < 1 or n_test < 1:
-        raise ValueError(f"synthetic: n_train and n_test must be positive, got {n_train}, {n_test}")
+        raise InputError(f"synthetic: n_train and n_test must be positive, got {n_train}, {n_test}")
     bounds = _bounds(max_operand, n_operands)
     space = _space(bounds, op)
     size = space if isinstance(space, int) else len(space)
     if size <= n_test:
-        raise ValueError(f"synthetic: {size} distinct prompts cannot hold a test split of "
+        raise InputError(f"synthetic: {size} distinct prompts cannot hold a test split of "
                          f"{n_test} and a disjoint train split; raise max_operand or n_operands")
     rng = np.random.default_rng(seed)
     if size >= n_train + n_test:
@@ -101,7 +102,7 @@ def random_policy_reward(df: pd.DataFrame, max_new_tokens: int = 4, samples: int
 def _bounds(max_operand: int | tuple[int, ...], n_operands: int) -> tuple[int, ...]:
     bounds = (max_operand,) * n_operands if isinstance(max_operand, int) else tuple(max_operand)
     if len(bounds) < 2 or min(bounds) < 1:
-        raise ValueError(f"synthetic: need at least two operands, each bounded by >= 1; got "
+        raise InputError(f"synthetic: need at least two operands, each bounded by >= 1; got "
                          f"max_operand={max_operand!r}, n_operands={n_operands}")
     return tuple(int(b) for b in bounds)
 
@@ -109,12 +110,12 @@ def _bounds(max_operand: int | tuple[int, ...], n_operands: int) -> tuple[int, .
 def _space(bounds: tuple[int, ...], op: str) -> int | np.ndarray:
     """The number of prompts (every operand tuple is valid) or the indices of the valid ones."""
     if op not in OPS:
-        raise ValueError(f"synthetic: unknown op {op!r}; expected one of {OPS}")
+        raise InputError(f"synthetic: unknown op {op!r}; expected one of {OPS}")
     size = prod(b + 1 for b in bounds)
     if op == "add_mod10":
         return size
     if size > MAX_ENUMERATED:
-        raise ValueError(f"synthetic: op 'add_nocarry' enumerates its {size} operand tuples; "
+        raise InputError(f"synthetic: op 'add_nocarry' enumerates its {size} operand tuples; "
                          f"keep the product of (max_operand + 1) <= {MAX_ENUMERATED}")
     return np.flatnonzero((_operands(np.arange(size), bounds) % 10).sum(axis=1) < 10)
 

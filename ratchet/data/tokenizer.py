@@ -18,6 +18,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer as HFTokenizer
 
+from ratchet.errors import InputError, MissingInputError
+
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
 TEMPLATE_FILE = "chat_template.jinja"  # where newer transformers save the template
@@ -43,7 +45,7 @@ class Tokenizer:
             if token_id not in eos_ids:
                 eos_ids.append(int(token_id))
         if not eos_ids:
-            raise ValueError(f"tokenizer {source}: {CONFIG_FILE} names no eos_token")
+            raise InputError(f"tokenizer {source}: {CONFIG_FILE} names no eos_token")
         self.eos_ids: list[int] = eos_ids
         # Without a pad token, padding with the first eos is what the engine and trainer expect:
         # padded positions are masked out, so the id only has to exist.
@@ -61,7 +63,7 @@ class Tokenizer:
         try:
             return self.hf.encode(text, add_special_tokens=False).ids
         except Exception as exc:  # tokenizers raises a bare Exception (e.g. a character with no id)
-            raise ValueError(f"tokenizer {self.source}: cannot encode {text[:80]!r}: "
+            raise InputError(f"tokenizer {self.source}: cannot encode {text[:80]!r}: "
                              f"{exc}") from None
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
@@ -71,7 +73,7 @@ class Tokenizer:
         """The prompt text: the chat template with the generation prompt, or the raw question."""
         if self.chat_template is None:
             if system is not None:
-                raise ValueError(f"tokenizer {self.source}: a system message was given but the "
+                raise InputError(f"tokenizer {self.source}: a system message was given but the "
                                  "tokenizer has no chat template to place it in")
             return question
         messages = ([{"role": "system", "content": system}] if system is not None else [])
@@ -86,7 +88,7 @@ class Tokenizer:
         text = self.special_tokens[name]
         token_id = self.hf.token_to_id(text)
         if token_id is None:
-            raise ValueError(f"tokenizer {self.source}: {name} {text!r} from {CONFIG_FILE} is not "
+            raise InputError(f"tokenizer {self.source}: {name} {text!r} from {CONFIG_FILE} is not "
                              f"in {TOKENIZER_FILE}")
         return token_id
 
@@ -98,15 +100,15 @@ def load_tokenizer(model_dir: str | Path) -> Tokenizer:
     tokenizer_path = model_dir / TOKENIZER_FILE
     config_path = model_dir / CONFIG_FILE
     if not tokenizer_path.is_file():
-        raise FileNotFoundError(f"tokenizer: {tokenizer_path} not found")
+        raise MissingInputError(f"tokenizer: {tokenizer_path} not found")
     try:
         hf = HFTokenizer.from_file(str(tokenizer_path))
     except Exception as exc:
-        raise ValueError(f"tokenizer: {tokenizer_path} is not a valid tokenizers file: "
+        raise InputError(f"tokenizer: {tokenizer_path} is not a valid tokenizers file: "
                          f"{exc}") from None
     config = _read_json(config_path) if config_path.is_file() else {}
     if not isinstance(config, dict):
-        raise ValueError(f"tokenizer: {config_path} must hold a JSON object")
+        raise InputError(f"tokenizer: {config_path} must hold a JSON object")
     chat_template = _pick_template(config.get("chat_template"), config_path)
     if chat_template is None and (model_dir / TEMPLATE_FILE).is_file():
         chat_template = (model_dir / TEMPLATE_FILE).read_text()
@@ -122,7 +124,7 @@ def _read_json(path: Path):
     try:
         return json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"tokenizer: cannot read {path}: {exc}") from None
+        raise InputError(f"tokenizer: cannot read {path}: {exc}") from None
 
 
 def _token_text(token) -> str | None:
@@ -140,7 +142,7 @@ def _pick_template(template, source: Path) -> str | None:
         for entry in template:
             if isinstance(entry, dict) and entry.get("name") == "default":
                 return entry["template"]
-    raise ValueError(f"tokenizer: {source}: chat_template is neither a string nor a list holding "
+    raise InputError(f"tokenizer: {source}: chat_template is neither a string nor a list holding "
                      "a 'default' template")
 
 

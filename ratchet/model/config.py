@@ -10,6 +10,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ratchet.errors import InputError, MissingInputError
+
 ARCHS = ("qwen2", "llama")
 
 
@@ -37,19 +39,19 @@ class ModelConfig:
 
     def __post_init__(self):
         if self.arch not in ARCHS:
-            raise ValueError(f"model config: arch {self.arch!r} is not one of {ARCHS}")
+            raise InputError(f"model config: arch {self.arch!r} is not one of {ARCHS}")
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
                      "num_heads", "num_kv_heads", "head_dim"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"model config: {name} must be a positive integer, got {value!r}")
+                raise InputError(f"model config: {name} must be a positive integer, got {value!r}")
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"model config: num_heads {self.num_heads} is not a multiple of "
+            raise InputError(f"model config: num_heads {self.num_heads} is not a multiple of "
                              f"num_kv_heads {self.num_kv_heads}")
         if self.head_dim % 2:
-            raise ValueError(f"model config: head_dim {self.head_dim} must be even for RoPE")
+            raise InputError(f"model config: head_dim {self.head_dim} must be even for RoPE")
         if self.rope_scaling is not None and self.rope_scaling.get("rope_type") != "llama3":
-            raise ValueError(f"model config: unsupported rope_scaling {self.rope_scaling!r} "
+            raise InputError(f"model config: unsupported rope_scaling {self.rope_scaling!r} "
                              "(only rope_type 'llama3' is implemented)")
         self.eos_token_ids = [int(t) for t in self.eos_token_ids]
 
@@ -66,7 +68,7 @@ class ModelConfig:
         known = set(cls.__dataclass_fields__)
         unknown = set(d) - known
         if unknown:
-            raise ValueError(f"model config: unknown keys {sorted(unknown)}")
+            raise InputError(f"model config: unknown keys {sorted(unknown)}")
         return cls(**d)
 
     def save(self, path: str | Path) -> None:
@@ -76,7 +78,7 @@ class ModelConfig:
     def load(cls, path: str | Path) -> "ModelConfig":
         path = Path(path)
         if not path.is_file():
-            raise FileNotFoundError(f"model config not found: {path}")
+            raise MissingInputError(f"model config not found: {path}")
         d = json.loads(path.read_text())
         d.pop("engine_dtype", None)  # stored beside the shape, read by load_engine_model
         return cls.from_dict(d)

@@ -14,6 +14,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
+from ratchet.errors import InputError, MissingInputError
 from ratchet.model.config import ModelConfig
 from ratchet.model.convert_hf import fuse, rename
 from ratchet.model.io import inline_chat_template
@@ -48,7 +49,7 @@ END_OF_GENERATION_TEXTS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_i
 def convert_gguf(path: str | Path, tokenizer_out_dir: str | Path) -> tuple[ModelConfig, dict[str, np.ndarray]]:
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"GGUF file not found: {path}")
+        raise MissingInputError(f"GGUF file not found: {path}")
     import concurrent.futures as cf
     import multiprocessing
     import os
@@ -75,7 +76,7 @@ def _open(path: Path) -> gguf.GGUFReader:
     try:
         return gguf.GGUFReader(path)
     except Exception as e:  # the package raises ValueError, IndexError, struct errors... on bad bytes
-        raise ValueError(f"{path}: not a readable GGUF file (truncated or corrupt?): "
+        raise InputError(f"{path}: not a readable GGUF file (truncated or corrupt?): "
                          f"{type(e).__name__}: {e}") from None
 
 
@@ -86,7 +87,7 @@ def _dequantize(tensor, path: Path) -> np.ndarray:
         values = gguf.quants.dequantize(np.asarray(tensor.data), tensor.tensor_type)
         return np.ascontiguousarray(values, dtype=np.float32).reshape(shape)
     except Exception as e:
-        raise ValueError(f"{path}: cannot read tensor {tensor.name!r} "
+        raise InputError(f"{path}: cannot read tensor {tensor.name!r} "
                          f"({tensor.tensor_type.name}, shape {shape}): {type(e).__name__}: {e}") from None
 
 
@@ -113,23 +114,34 @@ def _metadata(reader: gguf.GGUFReader) -> dict:
     return out
 
 
+def check_gguf_architecture(path: str | Path) -> str:
+    """The file's architecture, refused unless supported; reads the header only (the tensors
+    are memory-mapped, not read), so a wrong file fails before it is hashed or dequantised."""
+    path = Path(path)
+    arch = _open(path).fields.get("general.architecture")
+    arch = arch.contents() if arch is not None else None
+    if arch not in ARCHS:
+        raise InputError(f"{path}: unsupported architecture {arch!r} (supported: {', '.join(ARCHS)})")
+    return arch
+
+
 def read_gguf_config(reader: gguf.GGUFReader, path: Path) -> ModelConfig:
     meta = _metadata(reader)
     arch = meta.get("general.architecture")
     if arch not in ARCHS:
-        raise ValueError(f"{path}: unsupported architecture {arch!r} (supported: {', '.join(ARCHS)})")
+        raise InputError(f"{path}: unsupported architecture {arch!r} (supported: {', '.join(ARCHS)})")
     names = {t.name for t in reader.tensors}
     if "rope_freqs.weight" in names:
-        raise ValueError(f"{path}: rope_freqs.weight (Llama-3 RoPE scaling baked into a table) is not "
+        raise InputError(f"{path}: rope_freqs.weight (Llama-3 RoPE scaling baked into a table) is not "
                          "supported; convert the HF checkpoint instead")
     scaling = meta.get(f"{arch}.rope.scaling.type", "none")
     if scaling != "none":
-        raise ValueError(f"{path}: RoPE scaling {scaling!r} is not supported")
+        raise InputError(f"{path}: RoPE scaling {scaling!r} is not supported")
 
     def key(name, default=None):
         value = meta.get(f"{arch}.{name}", default)
         if value is None:
-            raise ValueError(f"{path}: missing metadata {arch}.{name}")
+            raise InputError(f"{path}: missing metadata {arch}.{name}")
         return value
 
     hidden, heads = int(key("embedding_length")), int(key("attention.head_count"))
@@ -176,7 +188,7 @@ def write_gguf_tokenizer(path: Path, out_dir: str | Path) -> None:
     try:
         tokenizer = _gguf_tokenizer(path)
     except Exception as e:
-        raise ValueError(f"{path}: cannot read the tokenizer metadata: {type(e).__name__}: {e}") from None
+        raise InputError(f"{path}: cannot read the tokenizer metadata: {type(e).__name__}: {e}") from None
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(out_dir)
@@ -191,7 +203,10 @@ def _gguf_tokenizer(path: Path):
     is the fallback that every release has."""
     try:
         from transformers import PreTrainedTokenizerFast
-        from transformers.integrations.gguf import convert_gguf_tokenizer, get_gguf_tokenizer
+        from transformers.integrations.gguf import (
+            convert_gguf_tokenizer,
+            get_gguf_tokenizer,
+        )
     except ImportError:
         from transformers import AutoTokenizer
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ratchet.errors import InputError, MissingInputError
 from ratchet.model.config import ModelConfig
 from ratchet.model.layout import check_weights, expected_shapes
 from ratchet.model.safetensors_io import load_fp32
@@ -52,9 +53,10 @@ _LAYER_INDEX = re.compile(r"(?<=\.)\d+(?=\.)")
 def convert_hf(src_dir: str | Path) -> tuple[ModelConfig, dict[str, np.ndarray]]:
     src_dir = Path(src_dir)
     if not src_dir.is_dir():
-        raise FileNotFoundError(f"HF model directory not found: {src_dir}")
+        raise MissingInputError(f"HF model directory not found: {src_dir}")
     cfg = read_hf_config(src_dir)
     source = load_hf_tensors(src_dir)
+    _check_heads(source, cfg, src_dir / "config.json")
     weights = rename(source, WEIGHT_MAP, cfg, str(src_dir))
     return cfg, fuse(weights, cfg, str(src_dir))
 
@@ -62,17 +64,23 @@ def convert_hf(src_dir: str | Path) -> tuple[ModelConfig, dict[str, np.ndarray]]
 def read_hf_config(src_dir: Path) -> ModelConfig:
     path = src_dir / "config.json"
     if not path.is_file():
-        raise FileNotFoundError(f"{src_dir}: missing config.json")
+        raise MissingInputError(f"{src_dir}: missing config.json")
     print(f"reading {path}")
     hf = json.loads(path.read_text())
     names = hf.get("architectures") or [hf.get("model_type")]
     arch = ARCHITECTURES.get(names[0])
+    if arch is not None and hf.get("model_type") not in (None, arch):
+        raise InputError(f"{path}: model_type {hf['model_type']!r} disagrees with architectures "
+                         f"{names[0]!r} (which is {arch!r})")
     if arch is None:
-        raise ValueError(f"{path}: unsupported architecture {names[0]!r} "
+        raise InputError(f"{path}: unsupported architecture {names[0]!r} "
                          f"(supported: {', '.join(ARCHITECTURES)})")
     _refuse_unsupported(hf, path)
     theta, scaling = _rope(hf, path)
     heads = hf["num_attention_heads"]
+    if not hf.get("head_dim") and hf["hidden_size"] % heads:
+        raise InputError(f"{path}: hidden_size {hf['hidden_size']} is not divisible by "
+                         f"num_attention_heads {heads} (and no head_dim is given)")
     return ModelConfig(
         arch=arch,
         vocab_size=hf["vocab_size"],
@@ -95,17 +103,28 @@ def read_hf_config(src_dir: Path) -> ModelConfig:
     )
 
 
+def _check_heads(source: dict, cfg: ModelConfig, path: Path) -> None:
+    """The attention shape config.json states against the first layer's q and k rows, so a
+    wrong head count or head_dim is named as such rather than as a tensor shape."""
+    for proj, heads, key in (("q_proj", cfg.num_heads, "num_attention_heads"),
+                             ("k_proj", cfg.num_kv_heads, "num_key_value_heads")):
+        w = source.get(f"model.layers.0.self_attn.{proj}.weight")
+        if w is not None and w.shape[0] != heads * cfg.head_dim:
+            raise InputError(f"{path}: {key} {heads} x head_dim {cfg.head_dim} = {heads * cfg.head_dim} "
+                             f"rows, but {proj} has {w.shape[0]}")
+
+
 def _refuse_unsupported(hf: dict, path: Path) -> None:
     """Options that change the maths in ways the engine layout has no room for."""
     if hf.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"{path}: hidden_act {hf['hidden_act']!r} is not supported (only silu)")
+        raise InputError(f"{path}: hidden_act {hf['hidden_act']!r} is not supported (only silu)")
     if hf.get("use_sliding_window"):
-        raise ValueError(f"{path}: use_sliding_window=true is not supported")
+        raise InputError(f"{path}: use_sliding_window=true is not supported")
     if hf.get("mlp_bias"):
-        raise ValueError(f"{path}: mlp_bias=true is not supported (no MLP biases in the layout)")
+        raise InputError(f"{path}: mlp_bias=true is not supported (no MLP biases in the layout)")
     if hf.get("model_type") == "llama" and hf.get("attention_bias"):
         # Llama's attention_bias also puts a bias on o_proj, which the layout does not hold.
-        raise ValueError(f"{path}: attention_bias=true is not supported for Llama (o_proj bias)")
+        raise InputError(f"{path}: attention_bias=true is not supported for Llama (o_proj bias)")
 
 
 def _rope(hf: dict, path: Path) -> tuple[float, dict | None]:
@@ -118,7 +137,7 @@ def _rope(hf: dict, path: Path) -> tuple[float, dict | None]:
     if kind in (None, "default"):
         return theta, None
     if kind != "llama3":
-        raise ValueError(f"{path}: rope type {kind!r} is not supported (only default and llama3)")
+        raise InputError(f"{path}: rope type {kind!r} is not supported (only default and llama3)")
     keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
     return theta, {"rope_type": "llama3"} | {k: scaling[k] for k in keys}
 
@@ -148,11 +167,11 @@ def load_hf_tensors(src_dir: Path) -> dict[str, np.ndarray]:
         weight_map = json.loads(index.read_text())["weight_map"]
         files = [src_dir / name for name in dict.fromkeys(weight_map.values())]
     else:
-        raise FileNotFoundError(f"{src_dir}: no model.safetensors or model.safetensors.index.json")
+        raise MissingInputError(f"{src_dir}: no model.safetensors or model.safetensors.index.json")
     tensors: dict[str, np.ndarray] = {}
     for path in files:
         if not path.is_file():
-            raise FileNotFoundError(f"{src_dir}: missing shard {path.name}")
+            raise MissingInputError(f"{src_dir}: missing shard {path.name}")
         print(f"reading {path}")
         tensors.update(load_fp32(path))
     return tensors
@@ -166,7 +185,7 @@ def rename(source: dict[str, np.ndarray], weight_map: dict[str, str | None], cfg
     for name, tensor in source.items():
         template = _LAYER_INDEX.sub("{}", name, count=1)
         if template not in weight_map:
-            raise ValueError(f"{where}: unexpected tensor {name!r} (not in the name map)")
+            raise InputError(f"{where}: unexpected tensor {name!r} (not in the name map)")
         target = weight_map[template]
         if target is None:
             continue
@@ -174,9 +193,9 @@ def rename(source: dict[str, np.ndarray], weight_map: dict[str, str | None], cfg
         if target == "lm_head.weight" and cfg.tie_word_embeddings:
             continue  # some tied checkpoints store the head anyway; the embedding is authoritative
         if target not in want:
-            raise ValueError(f"{where}: unexpected tensor {name!r} for this config")
+            raise InputError(f"{where}: unexpected tensor {name!r} for this config")
         if tuple(tensor.shape) != want[target]:
-            raise ValueError(f"{where}: tensor {name!r} has shape {tuple(tensor.shape)}, "
+            raise InputError(f"{where}: tensor {name!r} has shape {tuple(tensor.shape)}, "
                              f"expected {want[target]}")
         out[target] = tensor
     missing = [n for n in want if n not in out]
@@ -184,7 +203,7 @@ def rename(source: dict[str, np.ndarray], weight_map: dict[str, str | None], cfg
         inverse = _inverse(weight_map)
         first = inverse[_LAYER_INDEX.sub("{}", missing[0], count=1)]
         first = first.format(*_LAYER_INDEX.findall(missing[0])[:1])
-        raise ValueError(f"{where}: missing tensor {first!r}"
+        raise InputError(f"{where}: missing tensor {first!r}"
                          + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
     return out
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ratchet.errors import InputError, MissingInputError
 from ratchet.model import safetensors_io
 from ratchet.model.config import ModelConfig
 from ratchet.model.layout import DTYPES, check_weights, expected_shapes, num_parameters
@@ -46,7 +47,7 @@ def save_engine_model(out_dir: str | Path, cfg: ModelConfig, weights: dict[str, 
                       dtype: str, tokenizer_dir: str | Path | None = None) -> Path:
     """Write a model directory; an existing `out_dir` is replaced only once the new one is whole."""
     if dtype not in DTYPES:
-        raise ValueError(f"save_engine_model: dtype {dtype!r} is not one of {DTYPES}")
+        raise InputError(f"save_engine_model: dtype {dtype!r} is not one of {DTYPES}")
     out_dir = Path(out_dir)
     check_weights(cfg, weights, f"save_engine_model({out_dir})")
     # In layout order, so one model always gives one file; `safetensors_io.save` rounds to
@@ -83,16 +84,16 @@ def load_engine_model(model_dir: str | Path, verify: bool = True) -> EngineModel
     """
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
-        raise FileNotFoundError(f"model directory not found: {model_dir}")
+        raise MissingInputError(f"model directory not found: {model_dir}")
     config_path, weights_path = model_dir / CONFIG_FILE, model_dir / WEIGHTS_FILE
     for path in (config_path, weights_path):
         if not path.is_file():
-            raise FileNotFoundError(f"{model_dir}: missing {path.name}")
+            raise MissingInputError(f"{model_dir}: missing {path.name}")
     print(f"reading {config_path}")
     cfg = ModelConfig.load(config_path)
     dtype = json.loads(config_path.read_text()).get("engine_dtype")
     if dtype not in DTYPES:
-        raise ValueError(f"{config_path}: engine_dtype {dtype!r} is not one of {DTYPES}")
+        raise InputError(f"{config_path}: engine_dtype {dtype!r} is not one of {DTYPES}")
     if verify:
         verify_manifest(model_dir)
     print(f"reading {weights_path}")
@@ -105,7 +106,7 @@ def verify_manifest(model_dir: Path) -> None:
     """Raise naming the first tensor whose stored bytes differ from the manifest."""
     manifest_path, weights_path = model_dir / MANIFEST_FILE, model_dir / WEIGHTS_FILE
     if not manifest_path.is_file():
-        raise FileNotFoundError(f"{model_dir}: missing {MANIFEST_FILE} (load with verify=False to skip it)")
+        raise MissingInputError(f"{model_dir}: missing {MANIFEST_FILE} (load with verify=False to skip it)")
     print(f"reading {manifest_path}")
     manifest = json.loads(manifest_path.read_text())
     if file_sha256(weights_path) == manifest["file_sha256"]:
@@ -114,12 +115,12 @@ def verify_manifest(model_dir: Path) -> None:
     got = tensor_hashes(weights_path)
     for name, want in manifest["tensors"].items():
         if name not in got:
-            raise ValueError(f"{weights_path}: tensor {name!r} listed in {MANIFEST_FILE} is missing")
+            raise InputError(f"{weights_path}: tensor {name!r} listed in {MANIFEST_FILE} is missing")
         if got[name] != want:
-            raise ValueError(f"{weights_path}: tensor {name!r} does not match {MANIFEST_FILE} "
+            raise InputError(f"{weights_path}: tensor {name!r} does not match {MANIFEST_FILE} "
                              f"(shape {got[name]['shape']} sha256 {got[name]['sha256'][:12]}..., "
                              f"expected shape {want['shape']} sha256 {want['sha256'][:12]}...)")
-    raise ValueError(f"{weights_path}: SHA-256 does not match {MANIFEST_FILE} "
+    raise InputError(f"{weights_path}: SHA-256 does not match {MANIFEST_FILE} "
                      "(every listed tensor matches, so the header or an extra tensor changed)")
 
 
@@ -147,9 +148,9 @@ def copy_tokenizer_files(src_dir: str | Path, dst_dir: Path) -> None:
     """Copy every small non-weight file of `src_dir` (tokenizer.json, tokenizer_config.json, ...)."""
     src_dir = Path(src_dir)
     if not src_dir.is_dir():
-        raise FileNotFoundError(f"tokenizer directory not found: {src_dir}")
+        raise MissingInputError(f"tokenizer directory not found: {src_dir}")
     if not (src_dir / "tokenizer.json").is_file():
-        raise FileNotFoundError(f"{src_dir}: missing tokenizer.json")
+        raise MissingInputError(f"{src_dir}: missing tokenizer.json")
     for path in sorted(src_dir.iterdir()):
         if (not path.is_file() or path.name in NOT_TOKENIZER or path.name.startswith(".")
                 or path.name.endswith(WEIGHT_SUFFIXES)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ratchet.errors import InputError
 from ratchet.model.config import ModelConfig
 
 DTYPES = ("fp32", "fp16", "bf16")
@@ -44,15 +45,15 @@ def check_weights(cfg: ModelConfig, weights: dict, source: str) -> None:
     want = expected_shapes(cfg)
     missing = [n for n in want if n not in weights]
     if missing:
-        raise ValueError(f"{source}: missing tensor {missing[0]!r}"
+        raise InputError(f"{source}: missing tensor {missing[0]!r}"
                          + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
     extra = [n for n in weights if n not in want]
     if extra:
-        raise ValueError(f"{source}: unexpected tensor {extra[0]!r}")
+        raise InputError(f"{source}: unexpected tensor {extra[0]!r}")
     for name, shape in want.items():
         got = tuple(weights[name].shape)
         if got != shape:
-            raise ValueError(f"{source}: tensor {name!r} has shape {got}, expected {shape}")
+            raise InputError(f"{source}: tensor {name!r} has shape {got}, expected {shape}")
 
 
 def check_update(cfg: ModelConfig, weights: dict, source: str) -> None:
@@ -61,9 +62,9 @@ def check_update(cfg: ModelConfig, weights: dict, source: str) -> None:
     want = expected_shapes(cfg)
     for name, value in weights.items():
         if name not in want:
-            raise ValueError(f"{source}: unexpected tensor {name!r}")
+            raise InputError(f"{source}: unexpected tensor {name!r}")
         if tuple(value.shape) != want[name]:
-            raise ValueError(f"{source}: tensor {name!r} has shape {tuple(value.shape)}, "
+            raise InputError(f"{source}: tensor {name!r} has shape {tuple(value.shape)}, "
                              f"expected {want[name]}")
 
 

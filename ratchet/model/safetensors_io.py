@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ratchet.errors import InputError
 from ratchet.model.dtypes import bf16_bits_to_fp32, fp32_to_bf16_bits
 
 _NUMPY = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I64": np.int64,
@@ -27,20 +28,20 @@ def read_header(path: str | Path) -> tuple[dict, int]:
     with open(path, "rb") as f:
         raw = f.read(8)
         if len(raw) < 8:
-            raise ValueError(f"{path}: not a safetensors file (shorter than its header length)")
+            raise InputError(f"{path}: not a safetensors file (shorter than its header length)")
         (n,) = struct.unpack("<Q", raw)
         if n > size - 8:
-            raise ValueError(f"{path}: truncated safetensors file (header says {n} bytes)")
+            raise InputError(f"{path}: truncated safetensors file (header says {n} bytes)")
         try:
             header = json.loads(f.read(n))
         except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: corrupt safetensors header: {e}") from None
+            raise InputError(f"{path}: corrupt safetensors header: {e}") from None
     header.pop("__metadata__", None)
     data_start = 8 + n
     for name, info in header.items():
         end = info["data_offsets"][1]
         if data_start + end > size:
-            raise ValueError(f"{path}: truncated safetensors file (tensor {name!r} runs past the end)")
+            raise InputError(f"{path}: truncated safetensors file (tensor {name!r} runs past the end)")
     return header, data_start
 
 
@@ -63,7 +64,7 @@ def load_fp32(path: str | Path) -> dict[str, np.ndarray]:
         if code == "BF16":
             return bf16_bits_to_fp32(raw.view(np.uint16)).reshape(shape)
         if code not in _NUMPY:
-            raise ValueError(f"{path}: tensor {name!r} has unsupported dtype {code}")
+            raise InputError(f"{path}: tensor {name!r} has unsupported dtype {code}")
         stored = raw.view(_NUMPY[code]).reshape(shape)
         return stored.astype(np.float32 if stored.dtype.kind == "f" else stored.dtype)  # a copy
 
@@ -79,7 +80,7 @@ def encode(arr: np.ndarray, dtype: str) -> bytes:
         return arr.astype(np.float16).tobytes()
     if dtype == "fp32":
         return arr.tobytes()
-    raise ValueError(f"unknown dtype {dtype!r}")
+    raise InputError(f"unknown dtype {dtype!r}")
 
 
 def save(path: str | Path, tensors: dict[str, np.ndarray], dtype: str,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from ratchet.errors import InputError, MissingInputError
 from ratchet.paths import RunPaths
 from ratchet.stages.outputs import write_json
 from ratchet.tracking import sha256_of
@@ -47,9 +48,22 @@ def _from_hub(cfg: dict) -> Path:
         path = snapshot_download(repo_id=m["repo_id"], revision=m["revision"],
                                  allow_patterns=HUB_PATTERNS)
     except Exception as e:  # the hub client's errors are many; name the repo and revision
-        raise RuntimeError(f"download_model: cannot get {m['repo_id']}@{m['revision']} from the "
+        raise InputError(f"download_model: cannot get {m['repo_id']}@{m['revision']} from the "
                            f"Hugging Face hub or its cache: {type(e).__name__}: {e}") from e
     return Path(path)
+
+
+def _check_before_hashing(kind: str, path: Path) -> None:
+    """A wrong model (unsupported architecture, inconsistent config) fails here, in a moment,
+    not after minutes of hashing and converting."""
+    if kind == "gguf":
+        from ratchet.model.convert_gguf import check_gguf_architecture
+
+        check_gguf_architecture(path)
+    else:
+        from ratchet.model.convert_hf import read_hf_config
+
+        read_hf_config(path)
 
 
 def download_model(cfg: dict, run) -> None:
@@ -67,9 +81,10 @@ def download_model(cfg: dict, run) -> None:
         path = Path(cfg["model"]["path"]).expanduser().resolve()
         kind = "gguf" if source == "gguf" else "hf"
         if kind == "gguf" and not path.is_file():
-            raise FileNotFoundError(f"config model.path: GGUF file not found: {path}")
+            raise MissingInputError(f"config model.path: GGUF file not found: {path}")
         if kind == "hf" and not path.is_dir():
-            raise FileNotFoundError(f"config model.path: model directory not found: {path}")
+            raise MissingInputError(f"config model.path: model directory not found: {path}")
+    _check_before_hashing(kind, path)
     digest = sha256_of(path)
     record = {"kind": kind, "source": source, "path": str(path), "sha256": digest,
               "repo_id": cfg["model"]["repo_id"] if source == "hub" else None,
