@@ -10,3 +10,7 @@ class InputError(ValueError):
 
 class MissingInputError(InputError, FileNotFoundError):
     """An input file or directory that does not exist (the message says which, and what makes it)."""
+
+
+class SourceUnavailableError(InputError, RuntimeError):
+    """A remote source (the Hugging Face hub) that cannot be reached and is not in the cache."""

@@ -16,7 +16,7 @@ import pandas as pd
 
 from ratchet.data.datasets_io import check_split
 from ratchet.data.reward import to_fraction
-from ratchet.errors import InputError, MissingInputError
+from ratchet.errors import InputError, MissingInputError, SourceUnavailableError
 
 GSM8K_REPO = "openai/gsm8k"
 GSM8K_CONFIG = "main"
@@ -78,9 +78,10 @@ def read_gsm8k_file(path: str | Path) -> pd.DataFrame:
 def load_gsm8k_local(train_path: str | Path, test_path: str | Path
                      ) -> tuple[pd.DataFrame, pd.DataFrame]:
     train, test = read_gsm8k_file(train_path), read_gsm8k_file(test_path)
-    if Path(train_path).resolve() == Path(test_path).resolve() or train.equals(test):
+    a, b = Path(train_path), Path(test_path)
+    if a.resolve() == b.resolve() or a.read_bytes() == b.read_bytes():
         raise InputError(f"config data.train_path and data.test_path: {train_path} and {test_path} "
-                         "hold the same problems; the test split must be held out")
+                         "are the same file; the test split must be held out")
     return train, test
 
 
@@ -94,7 +95,7 @@ def load_gsm8k_hub(repo_id: str = GSM8K_REPO, config: str = GSM8K_CONFIG,
     try:
         dataset = datasets.load_dataset(repo_id, config, revision=revision, cache_dir=cache_dir)
     except Exception as exc:
-        raise InputError(
+        raise SourceUnavailableError(
             f"GSM8K: cannot load {name}: {type(exc).__name__}: {exc}. Without a network, the "
             "data must already be in the Hugging Face cache (HF_HUB_OFFLINE=1, "
             "HF_DATASETS_OFFLINE=1), or use load_gsm8k_local with .jsonl/.parquet files") from exc

@@ -10,7 +10,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from ratchet.errors import InputError, MissingInputError
+from ratchet.errors import MissingInputError, SourceUnavailableError
 from ratchet.paths import RunPaths
 from ratchet.stages.outputs import write_json
 from ratchet.tracking import sha256_of
@@ -48,7 +48,7 @@ def _from_hub(cfg: dict) -> Path:
         path = snapshot_download(repo_id=m["repo_id"], revision=m["revision"],
                                  allow_patterns=HUB_PATTERNS)
     except Exception as e:  # the hub client's errors are many; name the repo and revision
-        raise InputError(f"download_model: cannot get {m['repo_id']}@{m['revision']} from the "
+        raise SourceUnavailableError(f"download_model: cannot get {m['repo_id']}@{m['revision']} from the "
                            f"Hugging Face hub or its cache: {type(e).__name__}: {e}") from e
     return Path(path)
 
