@@ -47,7 +47,7 @@ FUSIONS = {
     "layers.{}.w_gate_up.weight": ("layers.{}.w_gate.weight", "layers.{}.w_up.weight"),
 }
 
-_LAYER_INDEX = re.compile(r"(?<=\.)\d+(?=\.)")
+LAYER_INDEX = re.compile(r"(?<=\.)\d+(?=\.)")
 
 
 def convert_hf(src_dir: str | Path) -> tuple[ModelConfig, dict[str, np.ndarray]]:
@@ -183,13 +183,13 @@ def rename(source: dict[str, np.ndarray], weight_map: dict[str, str | None], cfg
     want = unfused_shapes(cfg)
     out: dict[str, np.ndarray] = {}
     for name, tensor in source.items():
-        template = _LAYER_INDEX.sub("{}", name, count=1)
+        template = LAYER_INDEX.sub("{}", name, count=1)
         if template not in weight_map:
             raise InputError(f"{where}: unexpected tensor {name!r} (not in the name map)")
         target = weight_map[template]
         if target is None:
             continue
-        target = target.format(*_LAYER_INDEX.findall(name)[:1])
+        target = target.format(*LAYER_INDEX.findall(name)[:1])
         if target == "lm_head.weight" and cfg.tie_word_embeddings:
             continue  # some tied checkpoints store the head anyway; the embedding is authoritative
         if target not in want:
@@ -201,8 +201,8 @@ def rename(source: dict[str, np.ndarray], weight_map: dict[str, str | None], cfg
     missing = [n for n in want if n not in out]
     if missing:
         inverse = _inverse(weight_map)
-        first = inverse[_LAYER_INDEX.sub("{}", missing[0], count=1)]
-        first = first.format(*_LAYER_INDEX.findall(missing[0])[:1])
+        first = inverse[LAYER_INDEX.sub("{}", missing[0], count=1)]
+        first = first.format(*LAYER_INDEX.findall(missing[0])[:1])
         raise InputError(f"{where}: missing tensor {first!r}"
                          + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
     return out
@@ -242,6 +242,6 @@ def fuse(weights: dict[str, np.ndarray], cfg: ModelConfig, where: str) -> dict[s
 
 
 def _parts(engine_name: str) -> tuple[str, ...] | None:
-    layer = _LAYER_INDEX.findall(engine_name)[:1]
-    parts = FUSIONS.get(_LAYER_INDEX.sub("{}", engine_name, count=1))
+    layer = LAYER_INDEX.findall(engine_name)[:1]
+    parts = FUSIONS.get(LAYER_INDEX.sub("{}", engine_name, count=1))
     return None if parts is None else tuple(p.format(*layer) for p in parts)

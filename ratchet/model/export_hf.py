@@ -1,0 +1,98 @@
+"""A converted (or trained) model back in the Hugging Face format, for transformers and vLLM.
+
+The inverse of convert_hf: the engine names mapped back through the same literal map, the
+fused `wqkv` / `w_gate_up` cut into their parts, a Qwen2 / Llama `config.json` and
+`generation_config.json` written from the ModelConfig, and the tokenizer files copied.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from ratchet.errors import InputError
+from ratchet.model import safetensors_io
+from ratchet.model.config import ModelConfig
+from ratchet.model.convert_hf import (
+    ARCHITECTURES,
+    FUSIONS,
+    LAYER_INDEX,
+    WEIGHT_MAP,
+    unfused_shapes,
+)
+from ratchet.model.dtypes import round_to
+from ratchet.model.io import EngineModel, copy_tokenizer_files
+
+HF_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+ENGINE_TO_HF = {engine: hf for hf, engine in WEIGHT_MAP.items() if engine is not None}
+
+
+def hf_config(cfg: ModelConfig, dtype: str) -> dict:
+    """The transformers config of `cfg` (what Qwen2Config / LlamaConfig read back)."""
+    architecture = next(name for name, arch in ARCHITECTURES.items() if arch == cfg.arch)
+    out = {
+        "architectures": [architecture], "model_type": cfg.arch,
+        "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim, "hidden_act": "silu", "rope_theta": cfg.rope_theta,
+        "rms_norm_eps": cfg.rms_norm_eps, "max_position_embeddings": cfg.max_position_embeddings,
+        "tie_word_embeddings": cfg.tie_word_embeddings, "bos_token_id": cfg.bos_token_id,
+        "eos_token_id": cfg.eos_token_ids[0] if len(cfg.eos_token_ids) == 1 else cfg.eos_token_ids or None,
+        "pad_token_id": cfg.pad_token_id, "torch_dtype": HF_DTYPES[dtype],
+    }
+    if cfg.rope_scaling is not None:
+        out["rope_scaling"] = dict(cfg.rope_scaling)
+    if cfg.arch == "qwen2":
+        out["use_sliding_window"] = False
+    elif cfg.qkv_bias:
+        raise InputError("export: a Llama model with q/k/v biases has no Hugging Face form "
+                         "(LlamaConfig.attention_bias also adds an o_proj bias)")
+    return out
+
+
+def hf_tensors(cfg: ModelConfig, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Engine tensors under their Hugging Face names, fused ones cut back into their parts."""
+    parts_shape = unfused_shapes(cfg)
+    out: dict[str, np.ndarray] = {}
+    for name, tensor in weights.items():
+        layer = LAYER_INDEX.findall(name)[:1]
+        template = LAYER_INDEX.sub("{}", name, count=1)
+        parts = [p.format(*layer) for p in FUSIONS.get(template, (template,))]
+        offsets = np.cumsum([0] + [parts_shape.get(p, tensor.shape)[0] for p in parts])
+        for part, begin, end in zip(parts, offsets[:-1], offsets[1:]):
+            hf_template = ENGINE_TO_HF[LAYER_INDEX.sub("{}", part, count=1)]
+            out[hf_template.format(*layer)] = np.ascontiguousarray(tensor[begin:end])
+    return out
+
+
+def export_hf(model: EngineModel, out_dir: str | Path, dtype: str, tokenizer_dir: str | Path) -> dict:
+    """Write `out_dir` (config.json, generation_config.json, model.safetensors in `dtype`,
+    tokenizer files) through a temporary directory; returns what the export record holds."""
+    out_dir = Path(out_dir)
+    tensors = hf_tensors(model.cfg, model.weights)
+    lossless = all(np.array_equal(round_to(w, dtype), w) for w in tensors.values())
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        safetensors_io.save(tmp / "model.safetensors", tensors, dtype, metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(hf_config(model.cfg, dtype), indent=2) + "\n")
+        generation = {"bos_token_id": model.cfg.bos_token_id,
+                      "eos_token_id": model.cfg.eos_token_ids or None,
+                      "pad_token_id": model.cfg.pad_token_id}
+        (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+        copy_tokenizer_files(tokenizer_dir, tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    os.replace(tmp, out_dir)
+    for path in sorted(out_dir.iterdir()):
+        print(f"wrote {path}")
+    return {"path": str(out_dir), "dtype": dtype, "lossless": lossless, "num_tensors": len(tensors)}

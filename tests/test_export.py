@@ -1,0 +1,80 @@
+"""The Hugging Face export: transformers loads it and gives the trainer's logits; converting it
+back gives the engine tensors bit for bit."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+from ratchet.data.char_tokenizer import save_char_tokenizer
+from ratchet.model.convert_hf import convert_hf
+from ratchet.model.export_hf import export_hf
+from ratchet.model.io import EngineModel
+from ratchet.trainer.policy import Policy
+
+SMALL = dict(vocab_size=40, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+ALPHABET = "0123456789+=?abcdefghijklmnopqrstuvw"  # with the specials, 40 ids
+
+
+def _random_hf(model_cls, config, path, seed=0):
+    model = model_cls(config).eval()
+    torch.manual_seed(seed)
+    with torch.no_grad():  # random biases and norms too: HF's init would hide a swapped part
+        for name, p in model.named_parameters():
+            p.copy_(1 + 0.1 * torch.randn_like(p) if "norm" in name else 0.2 * torch.randn_like(p))
+    model.save_pretrained(path)
+    return path
+
+
+def _logits(policy: Policy, ids: torch.Tensor) -> torch.Tensor:
+    return F.linear(policy.hidden_states(ids), policy.head_weight())
+
+
+@pytest.mark.parametrize("arch", ["qwen2-untied", "llama-tied"])
+def test_export_loads_in_transformers_with_the_trainers_logits(tmp_path, arch):
+    if arch == "qwen2-untied":
+        src = _random_hf(Qwen2ForCausalLM, Qwen2Config(**SMALL, tie_word_embeddings=False), tmp_path / "src")
+    else:
+        src = _random_hf(LlamaForCausalLM, LlamaConfig(**SMALL, tie_word_embeddings=True), tmp_path / "src")
+    cfg, weights = convert_hf(src)
+    tokenizer_dir = save_char_tokenizer(tmp_path / "tok", ALPHABET)
+    record = export_hf(EngineModel(cfg, weights, "fp32"), tmp_path / "export", "fp32", tokenizer_dir)
+    assert record["lossless"] and (tmp_path / "export" / "generation_config.json").is_file()
+
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "export").eval()
+    policy = Policy.from_weights(cfg, weights)
+    ids = torch.randint(0, SMALL["vocab_size"], (2, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ours, theirs = _logits(policy, ids), hf(ids).logits
+    rel = float((ours - theirs).abs().max() / theirs.abs().max())
+    print(f"{arch}: max |logits diff| / max |logits| = {rel:.2e}")
+    assert rel <= 1e-5
+
+    again, back = convert_hf(tmp_path / "export")
+    assert again == cfg
+    for name, w in weights.items():
+        np.testing.assert_array_equal(back[name], w, err_msg=name)
+    assert AutoTokenizer.from_pretrained(tmp_path / "export").encode("1+2=", add_special_tokens=False)
+
+
+def test_export_in_a_narrower_dtype_says_whether_it_rounded(tmp_path):
+    src = _random_hf(Qwen2ForCausalLM, Qwen2Config(**SMALL), tmp_path / "src")
+    cfg, weights = convert_hf(src)
+    tok = save_char_tokenizer(tmp_path / "tok", ALPHABET)
+    record = export_hf(EngineModel(cfg, weights, "fp32"), tmp_path / "bf16", "bf16", tok)
+    assert not record["lossless"]  # random fp32 values are off the bf16 grid
+    config = json.loads((tmp_path / "bf16" / "config.json").read_text())
+    assert config["torch_dtype"] == "bfloat16"
