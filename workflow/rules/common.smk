@@ -6,13 +6,20 @@ from snakemake.settings.types import DeploymentMethod
 from snakemake.utils import validate
 
 import ratchet.config
+from ratchet.device import resolve_backend
+from ratchet.preflight import check_device
 from ratchet.paths import RunPaths
 from ratchet.stages import export_to_jobs, settings
 from ratchet.tracking import end_pipeline
 
 # Fill defaults and reject unknown keys or wrong types with a message naming the key, before
-# any rule runs; then the standard schema check (a no-op on a config that passed).
-config.update(ratchet.config.validate(config))
+# any rule runs; then the standard schema check (a no-op on a config that passed). A GPU
+# profile on a machine without one stops here too. One line, no traceback.
+try:
+    config.update(ratchet.config.validate(config))
+    check_device(config, resolve_backend(config["engine"]["backend"]))
+except (ValueError, RuntimeError) as e:  # ConfigError, InputError, resolve_backend's
+    sys.exit(f"ratchet: {e}")
 validate(config, str(ratchet.config.SCHEMA_PATH))
 
 P = RunPaths.from_config(config)
