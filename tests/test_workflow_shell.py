@@ -58,3 +58,5 @@ def test_a_results_dir_with_a_space_runs_a_rule(tmp_path):
     assert (run / "source" / "source.json").is_file()
     assert (run / "logs" / "download_model.log").is_file()
     assert not (tmp_path / "my").exists()  # no stray file from an unquoted path
+    assert "ratchet: tiny done; results in my results/tiny/" in proc.stdout + proc.stderr
+    assert "mlflow ui" not in proc.stdout + proc.stderr  # tracking is off in this test

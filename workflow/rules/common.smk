@@ -1,4 +1,5 @@
 import json
+import os
 import sys
 from shlex import quote as shlex_quote
 
@@ -10,7 +11,8 @@ from ratchet.device import resolve_backend
 from ratchet.preflight import check_device
 from ratchet.paths import RunPaths
 from ratchet.stages import export_to_jobs, settings
-from ratchet.tracking import end_pipeline
+from ratchet.tracking import end_pipeline, tracking_uri
+from ratchet.tracking import enabled as tracking_enabled
 
 # Fill defaults and reject unknown keys or wrong types with a message naming the key, before
 # any rule runs; then the standard schema check (a no-op on a config that passed). A GPU
@@ -47,8 +49,24 @@ def ratchet_cmd(stage):
     return f"{PYTHON} -m ratchet {stage} --config-from-env > {{log:q}} 2>&1"
 
 
+def where_to_look():
+    """The lines a finished run ends with: its outputs, and the commands that open them."""
+    lines = [f"ratchet: {config['run_name']} done; results in {P.root}/"]
+    if os.path.isfile(P.report_summary):
+        lines.append(f"  summary table: {P.report_summary}")
+        lines.append(f"  report:        snakemake --report report.html{profile_args()}  (then open report.html)")
+    if tracking_enabled():
+        lines.append(f"  MLflow runs:   mlflow ui --backend-store-uri {shlex_quote(tracking_uri(P.results_dir))}")
+    return "\n".join(lines)
+
+
+def profile_args():
+    return "".join(f" --configfile {shlex_quote(str(f))}" for f in workflow.overwrite_configfiles)
+
+
 onsuccess:
     end_pipeline(config["results_dir"], "FINISHED")
+    print(where_to_look())
 
 
 onerror:
