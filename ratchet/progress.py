@@ -1,0 +1,63 @@
+"""Progress of a long stage where the user is watching: one line every few seconds, with the
+rate and the time left. In the pipeline the console is the terminal Snakemake runs in (the
+rule hands the stage its stderr as fd 3, `--progress-fd 3`), while the log gets everything."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import TextIO
+
+_console: TextIO = sys.stderr
+
+
+def set_console_fd(fd: int) -> None:
+    """Send progress lines to the open file descriptor `fd` (line-buffered)."""
+    global _console
+    _console = os.fdopen(fd, "w", buffering=1, closefd=False)
+
+
+def console() -> TextIO:
+    return _console
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m{seconds:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+class Progress:
+    """`update(done)` after each unit of work; prints `[label] k/N units (p%), rate, ETA` at most
+    every `every_s` seconds, and at the last unit. `start` units were done before (a resumed run)."""
+
+    def __init__(self, label: str, total: int, unit: str = "step", start: int = 0,
+                 every_s: float = 5.0, stream: TextIO | None = None, clock=time.monotonic):
+        self.label, self.total, self.unit, self.every_s = label, total, unit, every_s
+        self.stream, self.clock, self.start_done = stream, clock, start
+        self.start_time = clock()
+        self.last: float | None = None
+
+    def update(self, done: int, note: str = "") -> str | None:
+        """The line printed, or None when it is too soon for another."""
+        now = self.clock()
+        if done < self.total and self.last is not None and now - self.last < self.every_s:
+            return None
+        self.last = now
+        line = f"[{self.label}] {done}/{self.total} {self.unit}s ({100 * done / max(self.total, 1):.0f}%)"
+        elapsed, units = now - self.start_time, done - self.start_done
+        if units > 0 and elapsed > 0:
+            rate = units / elapsed
+            line += f", {rate:.2f} {self.unit}s/s" if rate >= 1 else f", {1 / rate:.1f} s/{self.unit}"
+            if done < self.total:
+                line += f", ETA {_duration((self.total - done) / rate)}"
+        if note:
+            line += f"  {note}"
+        print(line, file=self.stream or console(), flush=True)
+        return line

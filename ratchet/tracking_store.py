@@ -1,0 +1,67 @@
+"""The MLflow store's health, checked once up front, and runs a killed process left RUNNING.
+
+MLflow's own client retries a dead server for minutes and answers a corrupt SQLite file with
+a long SQLAlchemy traceback; a pipeline should instead stop at once with one line naming
+the store and the way out (`RATCHET_TRACKING=off`).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+OFF_HINT = "run without tracking: RATCHET_TRACKING=off"
+
+
+class TrackingStoreError(RuntimeError):
+    """The tracking store cannot be used; the message is one line for the user."""
+
+
+def check_store(uri: str, timeout_s: float = 10.0) -> None:
+    """Raise TrackingStoreError unless `uri` (sqlite:/// or http(s)://) answers within timeout_s."""
+    scheme = urllib.parse.urlparse(uri).scheme
+    if scheme == "sqlite":
+        _check_sqlite(Path(uri[len("sqlite:///"):]), uri, timeout_s)
+    elif scheme in ("http", "https"):
+        _check_server(uri, timeout_s)
+    # other stores (file:, databricks, ...) are left to MLflow
+
+
+def _check_sqlite(path: Path, uri: str, timeout_s: float) -> None:
+    if not path.exists():
+        return  # MLflow creates it
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=timeout_s) as db:
+            db.execute("PRAGMA schema_version").fetchone()
+    except sqlite3.Error as e:
+        raise TrackingStoreError(f"MLflow store {uri} is not a usable SQLite database ({e}); "
+                                 f"move it aside, or {OFF_HINT}") from None
+
+
+def _check_server(uri: str, timeout_s: float) -> None:
+    url = uri.rstrip("/") + "/api/2.0/mlflow/experiments/search?max_results=1"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            json.loads(response.read() or b"{}")
+    except urllib.error.HTTPError as e:
+        raise TrackingStoreError(f"MLflow server {uri} answered HTTP {e.code}; {OFF_HINT}") from None
+    except (OSError, ValueError) as e:
+        reason = getattr(e, "reason", e)
+        raise TrackingStoreError(f"MLflow server {uri} cannot be reached within {timeout_s:.0f} s "
+                                 f"({reason}); {OFF_HINT}") from None
+
+
+def close_running_children(client, parent_run_id: str, status: str) -> list[str]:
+    """Mark the RUNNING children of a pipeline run `status` (a rule killed mid-run never closes
+    its own run); returns their ids."""
+    parent = client.get_run(parent_run_id)
+    runs = client.search_runs([parent.info.experiment_id],
+                              filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}' "
+                                            "and attributes.status = 'RUNNING'")
+    for run in runs:
+        client.set_terminated(run.info.run_id, status)
+    return [r.info.run_id for r in runs]
