@@ -8,7 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ratchet.report.record import collect, paired_gain
+from dev.record import collect
+from ratchet.report.tables import paired_gain
 
 
 def answers(rewards) -> pd.DataFrame:
@@ -45,7 +46,9 @@ def fake_run(root):
     (root / "report" / "summary.md").write_text("# report\n")
 
 
-def test_collect_writes_the_record_and_its_summary(tmp_path):
+def test_collect_writes_the_record_and_its_summary(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # not a git checkout
+    monkeypatch.delenv("RATCHET_COMMIT", raising=False)
     run, out = tmp_path / "results" / "local", tmp_path / "records" / "h200-local"
     fake_run(run)
     samples = tmp_path / "mem.txt"
@@ -68,3 +71,7 @@ def test_collect_writes_the_record_and_its_summary(tmp_path):
     train = summary["train_colocated"]
     assert train["steps"] == 20 and train["median_step_s"] == pytest.approx(9.5)
     assert train["reward_last_tenth"] > train["reward_first_tenth"]
+    assert (summary["commit"], summary["dirty"]) == ("unknown", None)
+    monkeypatch.setenv("RATCHET_COMMIT", "abc123")  # a copied checkout's stale .git: named instead
+    again = collect(run, out, command="snakemake")
+    assert (again["commit"], again["dirty"]) == ("abc123", None)
