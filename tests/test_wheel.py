@@ -61,10 +61,9 @@ def fresh_venv(work: Path, wheel: Path) -> Path:
     through a .pth line for the dependencies (a plain path: the editable install's own .pth
     files there are not run, so the checkout stays off sys.path)."""
     venv = work / "venv"
-    run([sys.executable, "-m", "venv", "--without-pip", venv], cwd=work)
+    run([sys.executable, "-m", "venv", venv], cwd=work)
     python = venv / "bin" / "python"
-    run([sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--no-index", "-q",
-         wheel], cwd=work)
+    run([python, "-m", "pip", "install", "--no-deps", "--no-index", "-q", wheel], cwd=work)
     site = Path(run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                     cwd=work).strip())
     (site / "outer_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
