@@ -138,7 +138,10 @@ def tiny_cfg(tmp_path):
 @pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
 def test_round_trip_storage_equals_round_to(tmp_path, tiny_cfg, dtype):
     weights = random_weights(tiny_cfg)
-    em = load_engine_model(save_engine_model(tmp_path / "m", tiny_cfg, weights, dtype))
+    out = save_engine_model(tmp_path / "m", tiny_cfg, weights, dtype)
+    header, _ = safetensors_io.read_header(out / "model.safetensors")
+    assert {info["dtype"] for info in header.values()} == {{"fp32": "F32", "fp16": "F16", "bf16": "BF16"}[dtype]}
+    em = load_engine_model(out)
     assert em.dtype == dtype and em.cfg == tiny_cfg
     for name, w in weights.items():
         assert em.weights[name].dtype == np.float32

@@ -39,7 +39,7 @@ def fake_run(root):
     steps.to_parquet(root / "train" / "colocated" / "metrics.parquet")
     (root / "verify").mkdir()
     (root / "verify" / "repro.json").write_text(json.dumps(
-        {"identical": True, "colocated": {"identical": True}, "split": {"identical": True}}))
+        {"identical": False, "colocated": {"identical": True}, "split": {"identical": False}}))
     (root / "benchmarks").mkdir()
     (root / "benchmarks" / "train_colocated.tsv").write_text("s\th:m:s\tmax_rss\n12.5\t0:00:12\t100\n")
     (root / "report").mkdir()
@@ -66,7 +66,8 @@ def test_collect_writes_the_record_and_its_summary(tmp_path, monkeypatch):
     assert summary["complete"] is False  # so the run did not go through to the end
     assert (out / "gpu_memory_used_mib.txt").read_text() == "100\n4000\n250\n"
     assert summary["gain_colocated"]["gain"] == pytest.approx(0.5)
-    assert summary["repro_identical"] is True
+    assert (summary["repro_identical"], summary["repro_identical_colocated"],
+            summary["repro_identical_split"]) == (False, True, False)
     assert summary["rule_wall_s"] == {"train_colocated": 12.5}
     train = summary["train_colocated"]
     assert train["steps"] == 20 and train["median_step_s"] == pytest.approx(9.5)
