@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -44,15 +45,19 @@ def run(cmd: list, cwd: Path, env: dict | None = None) -> str:
 
 
 def build_wheel(work: Path) -> Path:
-    """The wheel of a copy of the project files (the build writes beside its sources)."""
+    """The wheel of a copy of the project (the build writes beside its sources), dev/ and
+    tests/ included in the copy so that the wheel is seen to leave them out."""
     src = work / "src"
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, src / name)
-    shutil.copytree(ROOT / "ratchet", src / "ratchet", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("ratchet", "dev", "tests"):
+        shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
     run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
          "-q", "-w", work / "dist", src], cwd=work)
     (wheel,) = (work / "dist").glob("ratchet-*.whl")
+    tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
+    assert tops == {"ratchet", wheel.name.split("-py")[0] + ".dist-info"}, tops
     return wheel
 
 
