@@ -1,8 +1,5 @@
 """`ratchet <stage> --config FILE [key=value ...]`: run one pipeline stage by hand.
-
-The Snakemake rules call the same entry point (with the validated config as JSON), so a stage
-behaves identically in and out of the pipeline.
-"""
+The Snakemake rules call this same entry point, so a stage behaves the same in and out of it."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Pipeline configuration: load a YAML profile, apply `key=value` overrides, validate.
-
-One schema (`ratchet/schemas/config.schema.yaml`) serves Snakemake and the `ratchet` CLI.
-Validation fills every default and fails with one message naming the offending key, before
-any work starts.
-"""
+"""Pipeline configuration: a YAML profile and `key=value` overrides, validated against the one
+schema that Snakemake also reads (package data, so an installed wheel has it), so that a bad
+key stops the run before any work starts, with the key named."""
 
 from __future__ import annotations
 
@@ -15,7 +12,6 @@ from typing import Any
 import jsonschema
 import yaml
 
-# package data, so an installed wheel validates a config without the checkout
 SCHEMA_PATH = Path(str(resources.files("ratchet") / "schemas" / "config.schema.yaml"))
 
 

@@ -1,8 +1,5 @@
-"""What hardware a stage runs on, and which engine backend that allows.
-
-CuPy is imported only to ask whether a GPU exists, and only if it is installed: on a CPU
-machine no CUDA code is ever imported.
-"""
+"""What hardware a stage runs on and which engine backend that allows; CuPy is imported only
+to ask, and only if installed, so a CPU machine never imports CUDA code."""
 
 from __future__ import annotations
 

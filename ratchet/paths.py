@@ -1,8 +1,5 @@
-"""Where every stage reads and writes: the one place that knows the results/ layout.
-
-The Snakemake rules declare these paths as their inputs and outputs, and the stage functions
-write to them, so the two can never disagree.
-"""
+"""The one place that knows the results/ layout: the Snakemake rules declare these paths as
+their inputs and outputs and the stages write to them, so the two cannot disagree."""
 
 from __future__ import annotations
 

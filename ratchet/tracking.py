@@ -1,12 +1,6 @@
-"""MLflow tracking: one parent run per pipeline invocation, one child run per stage.
-
-The store defaults to SQLite at `<results_dir>/mlflow.db` (`MLFLOW_TRACKING_URI` overrides
-it). Snakemake runs stages as separate processes, possibly at the same time, so every write
-goes through one file lock, and the parent run is created lazily by the first stage of an
-invocation (an invocation that runs nothing leaves no empty parent behind). The invocation is
-named by `RATCHET_PIPELINE_ID`, which the Snakefile sets; a stage run from the CLI without it
-is a top-level run. `RATCHET_TRACKING=off` turns tracking into a no-op (for unit tests).
-"""
+"""MLflow tracking: one parent run per pipeline invocation, one child run per stage, so every
+output can be traced to its config, code and machine. Stages run as concurrent processes, so
+every write to the store goes through one file lock; `RATCHET_TRACKING=off` makes it a no-op."""
 
 from __future__ import annotations
 
@@ -24,7 +18,6 @@ from pathlib import Path
 PIPELINE_ENV = "RATCHET_PIPELINE_ID"
 PACKAGES = ("ratchet", "torch", "numpy", "cupy-cuda13x", "cupy-cuda12x", "mlflow", "snakemake",
             "transformers", "safetensors", "datasets", "gguf")
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def enabled() -> bool:
@@ -77,14 +70,21 @@ def sha256_of(path: Path) -> str:
 
 
 def code_version() -> dict[str, str]:
-    def git(*args: str) -> str:
-        out = subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True,
-                             text=True, timeout=10)
-        return out.stdout.strip() if out.returncode == 0 else ""
+    """The commit of the checkout the pipeline runs in (the working directory), never of the
+    installed package's location, which a wheel puts in site-packages: "unknown" outside git."""
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", "-C", str(Path.cwd()), *args],
+                                 capture_output=True, text=True, timeout=10)
+        except OSError:  # no git on this machine
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
 
     commit = git("rev-parse", "HEAD")
+    if not commit:
+        return {"git.commit": "unknown", "git.dirty": "unknown"}
     dirty = git("status", "--porcelain", "--untracked-files=no")
-    return {"git.commit": commit or "unknown", "git.dirty": str(bool(dirty)).lower()}
+    return {"git.commit": commit, "git.dirty": str(bool(dirty)).lower()}
 
 
 def package_versions() -> dict[str, str]:

@@ -129,6 +129,7 @@ def test_sigkilled_training_resumes_to_the_same_weights(tmp_path):
     assert len(pd.read_parquet(paths.train_metrics("colocated"))) == steps
 
 
+@pytest.mark.slow
 def test_split_resumes_from_an_older_checkpoint_bit_exactly(tmp_path):
     """The split loop restarted from the checkpoint of step 2 (trainer state, the batch the
     engine had already generated, the engine's weights and unfinished rollouts) replays the

@@ -10,6 +10,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from full_logits import full_logits
+
 from ratchet.model import safetensors_io
 from ratchet.model.convert_hf import convert_hf
 from ratchet.model.dtypes import round_to
@@ -34,7 +36,8 @@ def randomize(model: torch.nn.Module, seed: int) -> None:
 def engine_policy(src_dir, tmp_path, dtype="fp32") -> Policy:
     cfg, weights = convert_hf(src_dir)
     out = save_engine_model(tmp_path / "engine", cfg, weights, dtype)
-    return Policy.from_engine_model(load_engine_model(out))
+    em = load_engine_model(out)
+    return Policy.from_weights(em.cfg, em.weights)
 
 
 def relative_diff(ours: torch.Tensor, ref: torch.Tensor) -> float:
@@ -46,7 +49,7 @@ def relative_diff(ours: torch.Tensor, ref: torch.Tensor) -> float:
 def compare_logits(policy: Policy, hf_model, vocab: int, length: int, seed: int = 0) -> float:
     ids = torch.randint(0, vocab, (2, length), generator=torch.Generator().manual_seed(seed))
     with torch.no_grad():
-        return relative_diff(policy.logits(ids), hf_model(ids).logits)
+        return relative_diff(full_logits(policy, ids), hf_model(ids).logits)
 
 
 def test_qwen2_gqa_biases_untied_matches_hf(tmp_path):
@@ -135,7 +138,10 @@ def tiny_cfg(tmp_path):
 @pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
 def test_round_trip_storage_equals_round_to(tmp_path, tiny_cfg, dtype):
     weights = random_weights(tiny_cfg)
-    em = load_engine_model(save_engine_model(tmp_path / "m", tiny_cfg, weights, dtype))
+    out = save_engine_model(tmp_path / "m", tiny_cfg, weights, dtype)
+    header, _ = safetensors_io.read_header(out / "model.safetensors")
+    assert {info["dtype"] for info in header.values()} == {{"fp32": "F32", "fp16": "F16", "bf16": "BF16"}[dtype]}
+    em = load_engine_model(out)
     assert em.dtype == dtype and em.cfg == tiny_cfg
     for name, w in weights.items():
         assert em.weights[name].dtype == np.float32

@@ -18,6 +18,8 @@ from transformers.convert_slow_tokenizer import bytes_to_unicode
 from transformers.initialization import no_init_weights
 from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
+from full_logits import full_logits
+
 from ratchet.model.convert_gguf import convert_gguf
 from ratchet.trainer.policy import Policy
 
@@ -148,7 +150,7 @@ def test_tiny_gguf_weights_and_logits(tmp_path, arch):
 
     ids = torch.randint(0, cfg.vocab_size, (2, 24), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        ours = Policy.from_weights(cfg, weights).logits(ids)
+        ours = full_logits(Policy.from_weights(cfg, weights), ids)
         ref = hf_model_from_gguf(path)(ids).logits
     assert relative_diff(ours, ref) <= 1e-5
 
@@ -224,7 +226,7 @@ def test_real_qwen_gguf_matches_transformers(real_gguf, tmp_path, parse_each_ggu
 
     ids = torch.tensor([ids[:16]])
     with torch.no_grad():
-        ours_logits = policy.logits(ids)
+        ours_logits = full_logits(policy, ids)
         del policy
         ref = hf_model_from_gguf(real_gguf, hf_config)
         ref_logits = ref(ids).logits

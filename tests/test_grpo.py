@@ -193,6 +193,7 @@ def test_colocated_runs_twice_bit_identically(cfg, tmp_path):
     assert len(metrics) == 4
 
 
+@pytest.mark.slow
 def test_split_runs_twice_bit_identically_with_partial_rollouts(cfg, tmp_path):
     from ratchet.rl.split import run_split
 
@@ -208,6 +209,7 @@ def test_split_runs_twice_bit_identically_with_partial_rollouts(cfg, tmp_path):
     assert metrics["rollout/resumed_answers"].sum() > 0  # partial rollouts did resume
 
 
+@pytest.mark.slow
 def test_one_step_ahead_with_lr0_equals_synchronous(cfg, tmp_path):
     """With the weights held fixed, generating one batch ahead (split, ahead=1) gives the
     rollouts, losses and weights of the synchronous loops (split ahead=0 and colocated).

@@ -75,6 +75,7 @@ def test_engine_import_does_not_import_cuda_code():
     assert out.stdout.strip() == "[]", out.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 @pytest.mark.parametrize("name", KERNELS)
 def test_compiles_with_nvcc_sm90(name, tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from full_logits import full_logits
 
 from ratchet.model.config import ModelConfig
 from ratchet.model.dtypes import round_to
@@ -49,7 +50,7 @@ def reference_logprobs(policy: Policy, prompts, responses, temperature=1.0):
     out, entropies = [], []
     for prompt, response in zip(prompts, responses):
         ids = torch.tensor([prompt + response])
-        logp = torch.log_softmax(policy.logits(ids)[0].float() / temperature, dim=-1)  # [T, V]
+        logp = torch.log_softmax(full_logits(policy, ids)[0].float() / temperature, dim=-1)  # [T, V]
         pos = torch.arange(len(prompt) - 1, len(prompt) - 1 + len(response))
         out.append(logp[pos, torch.tensor(response)])
         entropies.append(-(logp[pos].exp() * logp[pos]).sum(-1))
@@ -82,8 +83,8 @@ def test_token_logprobs_equal_full_log_softmax(tied):
         logprobs, mask, entropy = policy.token_logprobs(prompts, responses, temperature=0.7,
                                                         with_entropy=True)
         ref, ref_entropy = reference_logprobs(policy, prompts, responses, temperature=0.7)
-    assert logprobs.dtype == torch.float32 and mask.dtype == torch.bool
-    assert mask.sum(1).tolist() == [len(r) for r in responses]
+    for b, response in enumerate(responses):  # the mask is the first len(response) columns
+        assert mask[b, :len(response)].all() and not mask[b, len(response):].any()
     assert (logprobs[~mask] == 0).all() and (entropy[~mask] == 0).all()
     for b in range(len(prompts)):
         n = len(responses[b])
@@ -139,7 +140,7 @@ def test_straight_through_gradient_lands_on_fp32_masters():
         (logprobs[mask].sum() + 0.1 * entropy[mask].sum()).backward()
     worst = 0.0
     for name, p in masters.named_parameters():
-        assert p.dtype == torch.float32 and p.grad is not None, name
+        assert p.grad is not None, name
         ref = dict(rounded.named_parameters())[name].grad
         worst = max(worst, ((p.grad - ref).abs().max() / ref.abs().max()).item())
     print(f"straight-through grad: max relative |diff| over parameters = {worst:.2e}")
@@ -168,11 +169,15 @@ def test_autocast_runs_and_differs_slightly(weight_dtype, compute_dtype, bound):
         fp32, mask, _ = policy.token_logprobs(prompts, responses)
     low, _, entropy = policy.token_logprobs(prompts, responses, weight_dtype=weight_dtype,
                                             compute_dtype=compute_dtype, with_entropy=True)
-    assert low.dtype == torch.float32 and torch.isfinite(low).all() and torch.isfinite(entropy).all()
+    assert torch.isfinite(low).all() and torch.isfinite(entropy).all()
+    # the log-softmax runs in fp32 even under autocast: its values are not all on the 16-bit grid
+    low_dtype = torch.float16 if compute_dtype == "fp16" else torch.bfloat16
+    assert (low.detach()[mask] != low.detach()[mask].to(low_dtype).float()).any()
     diff = max_diff(low.detach()[mask], fp32[mask], f"{weight_dtype} weights, {compute_dtype} compute")
     assert 0 < diff < bound
     low[mask].sum().backward()  # the gradient reaches the fp32 masters through autocast too
-    assert policy.layers[0].wqkv.weight.grad.dtype == torch.float32
+    grad = policy.layers[0].wqkv.weight.grad
+    assert torch.isfinite(grad).all() and grad.abs().sum() > 0
 
 
 def test_temperature_zero_scores_at_one_and_bad_inputs():
@@ -186,50 +191,3 @@ def test_temperature_zero_scores_at_one_and_bad_inputs():
         policy.token_logprobs([[1], []], [[2], [3]])
     with pytest.raises(ValueError, match="unknown dtype"):
         policy.token_logprobs([[1]], [[2]], weight_dtype="fp8")
-
-
-def test_engine_storage_rounds_with_a_straight_through_gradient():
-    from ratchet.trainer.precision import engine_storage, store
-
-    x = torch.tensor([1.0 + 2 ** -12, 70000.0, -3.3333333, 1e-9], requires_grad=True)
-    assert store(x) is x  # outside engine_storage: nothing happens
-    with engine_storage("fp16"):
-        y = store(x)
-    assert torch.equal(y.detach(), x.detach().half().float())  # 1 + 2^-12 rounds to 1, 70000 to inf
-    (y * torch.tensor([1.0, 0.0, 2.0, 3.0])).sum().backward()
-    assert torch.equal(x.grad, torch.tensor([1.0, 0.0, 2.0, 3.0]))
-    with engine_storage("bf16"):
-        assert torch.equal(store(x).detach(), x.detach().bfloat16().float())
-    with pytest.raises(ValueError, match="needs fp32 arithmetic"):
-        make_policy().token_logprobs(*random_batch(1), compute_dtype="fp16", storage_dtype="fp16")
-
-
-def test_engine_storage_reproduces_the_numpy_engine_until_a_rounding_flips():
-    """The trainer rounding its activations where the engine stores them (fp16 weights, fp32
-    arithmetic) against the NumPy fp16 engine, on a tiny random model: without a rounding that
-    goes the other way (two seeds of three here) the logits agree to fp32 summation order,
-    >1000x closer than without the storage rounding; with one (the third: 2.5x) hardly closer.
-    On the real model some activation always flips (tools/cpu/storage_match.py)."""
-    from random_model import random_weights as engine_weights
-    from test_engine import prompt, tiny_config
-
-    from ratchet.engine.numpy.backend import NumpyBackend
-    from ratchet.trainer.precision import engine_storage
-
-    ratios = []
-    for seed in range(3):
-        cfg = tiny_config()
-        w = engine_weights(cfg, seed, "fp16")
-        engine = NumpyBackend(cfg, "fp16", 1, 256)
-        engine.load_weights(w)
-        tokens = prompt(seed, 100)
-        want = engine.prefill(0, tokens, 0)
-        policy = Policy.from_weights(cfg, w)
-        gaps = {}
-        with torch.no_grad():
-            for storage in ("fp32", "fp16"):
-                with engine_storage(storage):
-                    gaps[storage] = float(np.abs(policy.logits(torch.tensor([tokens]))[0, -1].numpy() - want).max())
-        ratios.append(gaps["fp32"] / max(gaps["fp16"], 1e-30))
-    print("gap without / with storage rounding:", [f"{r:.3g}" for r in ratios])
-    assert sorted(ratios)[1] > 1000  # most seeds: fp32 summation order only

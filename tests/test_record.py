@@ -8,7 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ratchet.report.record import collect, paired_gain
+from dev.record import collect
+from ratchet.report.tables import paired_gain
 
 
 def answers(rewards) -> pd.DataFrame:
@@ -38,14 +39,16 @@ def fake_run(root):
     steps.to_parquet(root / "train" / "colocated" / "metrics.parquet")
     (root / "verify").mkdir()
     (root / "verify" / "repro.json").write_text(json.dumps(
-        {"identical": True, "colocated": {"identical": True}, "split": {"identical": True}}))
+        {"identical": False, "colocated": {"identical": True}, "split": {"identical": False}}))
     (root / "benchmarks").mkdir()
     (root / "benchmarks" / "train_colocated.tsv").write_text("s\th:m:s\tmax_rss\n12.5\t0:00:12\t100\n")
     (root / "report").mkdir()
     (root / "report" / "summary.md").write_text("# report\n")
 
 
-def test_collect_writes_the_record_and_its_summary(tmp_path):
+def test_collect_writes_the_record_and_its_summary(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # not a git checkout
+    monkeypatch.delenv("RATCHET_COMMIT", raising=False)
     run, out = tmp_path / "results" / "local", tmp_path / "records" / "h200-local"
     fake_run(run)
     samples = tmp_path / "mem.txt"
@@ -63,8 +66,13 @@ def test_collect_writes_the_record_and_its_summary(tmp_path):
     assert summary["complete"] is False  # so the run did not go through to the end
     assert (out / "gpu_memory_used_mib.txt").read_text() == "100\n4000\n250\n"
     assert summary["gain_colocated"]["gain"] == pytest.approx(0.5)
-    assert summary["repro_identical"] is True
+    assert (summary["repro_identical"], summary["repro_identical_colocated"],
+            summary["repro_identical_split"]) == (False, True, False)
     assert summary["rule_wall_s"] == {"train_colocated": 12.5}
     train = summary["train_colocated"]
     assert train["steps"] == 20 and train["median_step_s"] == pytest.approx(9.5)
     assert train["reward_last_tenth"] > train["reward_first_tenth"]
+    assert (summary["commit"], summary["dirty"]) == ("unknown", None)
+    monkeypatch.setenv("RATCHET_COMMIT", "abc123")  # a copied checkout's stale .git: named instead
+    again = collect(run, out, command="snakemake")
+    assert (again["commit"], again["dirty"]) == ("abc123", None)

@@ -1,6 +1,7 @@
 """MLflow tracking: parent and child runs, params, tags, stepped metrics, hashed outputs."""
 
 import json
+import subprocess
 
 import pytest
 
@@ -15,9 +16,33 @@ def cfg(tmp_path, monkeypatch):
     return cfgmod.validate({"results_dir": str(tmp_path / "results")})
 
 
+def git_checkout(where) -> str:
+    """A fresh repository with one commit; its HEAD."""
+    where.mkdir(parents=True, exist_ok=True)
+    run = lambda *a: subprocess.run(["git", "-C", str(where), *a], check=True,  # noqa: E731
+                                    capture_output=True, text=True).stdout.strip()
+    run("init", "-q")
+    (where / "f.txt").write_text("1")
+    run("add", "f.txt")
+    run("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one")
+    return run("rev-parse", "HEAD")
+
+
+def test_code_version_is_the_working_directory_s_checkout(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert tracking.code_version() == {"git.commit": "unknown", "git.dirty": "unknown"}
+    head = git_checkout(tmp_path / "repo")
+    monkeypatch.chdir(tmp_path / "repo")
+    assert tracking.code_version() == {"git.commit": head, "git.dirty": "false"}
+    (tmp_path / "repo" / "f.txt").write_text("2")
+    assert tracking.code_version() == {"git.commit": head, "git.dirty": "true"}
+
+
 def test_stage_runs_nest_under_one_parent(cfg, tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 
+    head = git_checkout(tmp_path / "repo")
+    monkeypatch.chdir(tmp_path / "repo")  # the tags name the checkout the stages run in
     monkeypatch.setenv(tracking.PIPELINE_ENV, "abc123")
     out = tmp_path / "out.json"
     out.write_text(json.dumps({"x": 1}))
@@ -38,7 +63,7 @@ def test_stage_runs_nest_under_one_parent(cfg, tmp_path, monkeypatch):
     for child in children:
         assert child.data.tags["mlflow.parentRunId"] == parents[0].info.run_id
         assert child.data.params["model.source"] == "tiny"
-        assert child.data.tags["git.commit"]
+        assert child.data.tags["git.commit"] == head and child.data.tags["git.dirty"] == "false"
         assert child.data.tags["sha256.out.json"] == digest
         history = client.get_metric_history(child.info.run_id, "train/loss")
         assert [m.step for m in history] == [0, 1, 2]

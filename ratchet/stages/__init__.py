@@ -1,9 +1,6 @@
-"""One function per pipeline stage (one per Snakemake rule).
-
-Only this package touches MLflow and the `results/` layout; everything it calls runs in a
-test without them. `SECTIONS` names the config sections each stage reads: the rules pass them
-as params, so changing one reruns exactly the stages that depend on it.
-"""
+"""One function per pipeline stage (one per Snakemake rule): the only code that touches MLflow
+and results/, so everything it calls runs in a test without them. `STAGES` names the config
+sections each reads; the rules pass them as params, so a change reruns exactly those stages."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""The PyTorch policy in the engine layout: `state_dict()` keys are the engine names.
-
-The maths follows HF's Qwen2/Llama (RMSNorm in fp32, rotate-half RoPE, GQA attention, SwiGLU),
-with the fused `wqkv` and `w_gate_up` matrices the engine uses, so a weight sync is a copy.
-`token_logprobs` is what RL needs: the log-probability of each response token, with the LM head
-run only on the positions that predict response tokens, in chunks, so the [B, T, V] logits of a
-151,936-token vocabulary never exist at once.
-"""
+"""The PyTorch policy in the engine layout (`state_dict()` keys are the engine names, `wqkv`
+and `w_gate_up` fused), so a weight sync is a copy. `token_logprobs` runs the LM head only on
+the positions that predict response tokens, in chunks, so the [B, T, V] logits never exist."""
 
 from __future__ import annotations
 
@@ -19,9 +14,8 @@ from torch.func import functional_call
 from torch.utils.checkpoint import checkpoint
 
 from ratchet.model.config import ModelConfig
-from ratchet.model.io import EngineModel
 from ratchet.model.layout import check_weights, expected_shapes, rope_tables
-from ratchet.trainer.precision import autocast, engine_storage, rounded_parameters, store
+from ratchet.trainer.precision import autocast, rounded_parameters
 
 
 class RMSNorm(nn.Module):
@@ -57,26 +51,24 @@ class Block(nn.Module):
         self.w_down = nn.Linear(cfg.intermediate_size, d, bias=False)
 
     def forward(self, x, cos, sin, mask):
-        # store(): where the engine keeps an activation in its dtype (identity unless the
-        # forward runs inside precision.engine_storage)
-        x = store(x + self.attention(store(self.attn_norm(x)), cos, sin, mask))
-        gate, up = store(self.w_gate_up(store(self.mlp_norm(x)))).chunk(2, dim=-1)
-        return store(x + store(self.w_down(store(F.silu(gate) * up))))
+        x = x + self.attention(self.attn_norm(x), cos, sin, mask)
+        gate, up = self.w_gate_up(self.mlp_norm(x)).chunk(2, dim=-1)
+        return x + self.w_down(F.silu(gate) * up)
 
     def attention(self, h, cos, sin, mask):
         b, t, _ = h.shape
         hd = self.head_dim
-        q, k, v = store(self.wqkv(h)).split([self.num_heads * hd, self.num_kv_heads * hd,
-                                             self.num_kv_heads * hd], dim=-1)
+        q, k, v = self.wqkv(h).split([self.num_heads * hd, self.num_kv_heads * hd,
+                                      self.num_kv_heads * hd], dim=-1)
         q = q.view(b, t, self.num_heads, hd).transpose(1, 2)  # [B, H, T, hd]
         k = k.view(b, t, self.num_kv_heads, hd).transpose(1, 2)  # [B, K, T, hd]
         v = v.view(b, t, self.num_kv_heads, hd).transpose(1, 2)
         cos, sin = cos.to(q.dtype), sin.to(q.dtype)
-        q = store(q * cos + rotate_half(q) * sin)
-        k = store(k * cos + rotate_half(k) * sin)
-        o = store(F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
-                                                 enable_gqa=self.num_heads != self.num_kv_heads))
-        return store(self.wo(o.transpose(1, 2).reshape(b, t, self.num_heads * hd)))
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                           enable_gqa=self.num_heads != self.num_kv_heads)
+        return self.wo(o.transpose(1, 2).reshape(b, t, self.num_heads * hd))
 
 
 @dataclass
@@ -139,11 +131,6 @@ class Policy(nn.Module):
 
     # ------------------------------------------------------------------ weights
     @classmethod
-    def from_engine_model(cls, em: EngineModel) -> "Policy":
-        """fp32 masters equal to the stored (dtype-grid) values."""
-        return cls.from_weights(em.cfg, em.weights)
-
-    @classmethod
     def from_weights(cls, cfg: ModelConfig, weights: dict, device="cpu") -> "Policy":
         # Built on the meta device: a random init of 0.5B parameters would cost seconds for nothing.
         with torch.device("meta"):
@@ -189,25 +176,20 @@ class Policy(nn.Module):
         diagonal = torch.eye(t, dtype=torch.bool, device=input_ids.device)
         mask = (causal & attention_mask.bool()[:, None, :]) | diagonal  # [B, T, T]
         cos, sin = self.rope(t, input_ids.device)
-        x = store(self.embed(input_ids))
+        x = self.embed(input_ids)
         for layer in self.layers:
             x = layer(x, cos, sin, mask[:, None])
-        return store(self.norm(x))
-
-    def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Full [B, T, V] logits: for tests and small models only."""
-        return F.linear(self.hidden_states(input_ids, attention_mask), self.head_weight())
+        return self.norm(x)
 
     # ------------------------------------------------------------------ RL
     def token_logprobs(self, prompts: list[list[int]], responses: list[list[int]],
                        temperature: float = 1.0, weight_dtype: str = "fp32",
                        compute_dtype: str = "fp32", chunk_size: int = 2048,
-                       with_entropy: bool = False, storage_dtype: str = "fp32"):
+                       with_entropy: bool = False):
         """(logprobs [B, Rmax] fp32, mask [B, Rmax] bool, entropy [B, Rmax] or None).
 
         log_softmax(logits / temperature) at each response token; temperature 0 (greedy) scores
-        at T=1, as the engine does. Zeros where the mask is False. `storage_dtype` (fp32
-        arithmetic only): activations rounded where the engine stores them (precision.py).
+        at T=1, as the engine does. Zeros where the mask is False.
         """
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
@@ -215,10 +197,7 @@ class Policy(nn.Module):
         device = self.embed.weight.device
         batch = pack(prompts, responses, device)
         args = (batch, temperature, chunk_size, with_entropy)
-        if storage_dtype != "fp32" and compute_dtype != "fp32":
-            raise ValueError(f"storage_dtype {storage_dtype!r} needs fp32 arithmetic, not compute_dtype "
-                             f"{compute_dtype!r}")
-        with autocast(device.type, compute_dtype), engine_storage(storage_dtype):
+        with autocast(device.type, compute_dtype):
             if weight_dtype == "fp32":
                 chosen, entropy = self(*args)
             else:

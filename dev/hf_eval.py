@@ -1,11 +1,8 @@
-"""HF transformers' own greedy generation on the same prompt tokens as ratchet's eval: the
-outside reference the engine's accuracy and speed are set beside.
+"""HF transformers' own greedy generation on the same prompt tokens as ratchet's eval, the
+model loaded by transformers itself (never by ratchet's converter), so that a conversion bug
+cannot hide in both.
 
-The model is loaded by transformers itself (from the HF directory, or from the GGUF file
-with transformers' own dequantisation), never through ratchet's converter, so a conversion
-bug cannot hide in both.
-
-    python -m ratchet.reference.hf_eval --source PATH --model-dir results/local/model \
+    python -m dev.hf_eval --source PATH --model-dir results/local/model \
         --test results/local/data/test.parquet --out hf_eval.json [--answers baseline_answers.parquet]
 """
 
@@ -70,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     from ratchet.data.prompts import make_prompt_fn
     from ratchet.data.reward import has_format, reward
     from ratchet.data.tokenizer import load_tokenizer
+    from ratchet.trainer.precision import torch_dtype
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--source", required=True, type=Path, help="HF model dir or .gguf file")
@@ -90,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         problems = problems.head(a.num_problems)
     prompt_fn = make_prompt_fn(tokenizer, a.data_source)
     prompts = [prompt_fn(q) for q in problems["question"]]
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[a.dtype]
+    dtype = torch_dtype(a.dtype)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     t0 = time.perf_counter()
     model = load_hf_model(a.source, dtype, device)

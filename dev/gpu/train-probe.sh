@@ -2,8 +2,8 @@
 # GPU call: a few GRPO steps of the local profile (real model, GSM8K, the study's settings)
 # in colocated mode, to time generate/train/sync and read peak GPU memory; results under $OUT.
 set -uo pipefail
-source tools/gpu/env.sh
-bash tools/gpu/assemble-model.sh || exit 1
+source dev/gpu/env.sh
+bash dev/gpu/assemble-model.sh || exit 1
 mkdir -p ../shared/data && ln -sfn /root/data/gsm8k ../shared/data/gsm8k
 export RATCHET_TRACKING=off
 nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$OUT/gpu_mem_mib.txt" &

@@ -1,4 +1,4 @@
-# source tools/gpu/env.sh: the project's Python environment on the GPU machine.
+# source dev/gpu/env.sh: the project's Python environment on the GPU machine.
 if [ -d .whl ] && [ ! -f /root/site/.installed ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /root/site .whl/*.whl && touch /root/site/.installed

@@ -3,7 +3,7 @@
 # calls. Callers: local-pipeline.sh, ablate.sh.
 
 inputs_in_place() {  # the real model from its carried chunks; GSM8K where config/local.yaml reads it
-  bash tools/gpu/assemble-model.sh || return 1
+  bash dev/gpu/assemble-model.sh || return 1
   mkdir -p ../shared/data && ln -sfn /root/data/gsm8k ../shared/data/gsm8k
 }
 

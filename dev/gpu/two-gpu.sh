@@ -8,8 +8,8 @@
 # STEPS (default 100) sets the training length of every run. (Checked on the CPU with the
 # tiny config and STEPS=3: every run, eval and the summary go through.)
 set -uo pipefail
-source tools/gpu/env.sh
-bash tools/gpu/assemble-model.sh || exit 1
+source dev/gpu/env.sh
+bash dev/gpu/assemble-model.sh || exit 1
 mkdir -p ../shared/data && ln -sfn /root/data/gsm8k ../shared/data/gsm8k
 export RATCHET_TRACKING=off
 out="$OUT/two-gpu" && mkdir -p "$out"
@@ -37,12 +37,12 @@ run colocated-2gpu 0,1 colocated train.num_workers=2
 run split-1gpu 0 split
 run colocated-1gpu 0 colocated
 # the split sync alone, trainer on GPU 0 -> engine on GPU 1 (NCCL), timed and checked bit for bit
-python3 -m ratchet.rl.sync_bench --out "$out/sync.json" > "$out/sync.log" 2>&1 || tail -5 "$out/sync.log"
+python3 -m ratchet.bench.two_gpus --out "$out/sync.json" > "$out/sync.log" 2>&1 || tail -5 "$out/sync.log"
 python3 - "$out" <<'PY'
 import json, sys
 from pathlib import Path
 import pandas as pd
-from ratchet.report.record import training_summary
+from dev.record import training_summary
 out = Path(sys.argv[1])
 summary = {}
 for p in sorted(out.glob("*.metrics.parquet")):

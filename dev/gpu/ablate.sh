@@ -3,13 +3,13 @@
 #   snakemake ablate_decompose ablate_fix --cores all --resources gpu_jobs=2 --configfile config/local.yaml
 # (with their inputs: download, convert, build), both ablations at once on the one GPU,
 # detached (a device call lasts at most 10 minutes) and polled:
-#   bash tools/gpu/ablate.sh start     # model + data in place, launch, return
-#   bash tools/gpu/ablate.sh wait      # poll up to WAIT_S s (default 540), show progress
-#   bash tools/gpu/ablate.sh collect   # tables, figures, logs and h200-ablate.json -> $OUT/h200-ablate.tgz
-# Before: as tools/gpu/local-pipeline.sh (wheels, data, model chunks in /root/m, .cache/commit).
+#   bash dev/gpu/ablate.sh start     # model + data in place, launch, return
+#   bash dev/gpu/ablate.sh wait      # poll up to WAIT_S s (default 540), show progress
+#   bash dev/gpu/ablate.sh collect   # tables, figures, logs and h200-ablate.json -> $OUT/h200-ablate.tgz
+# Before: as dev/gpu/local-pipeline.sh (wheels, data, model chunks in /root/m, .cache/commit).
 set -uo pipefail
-source tools/gpu/env.sh
-source tools/gpu/detached.sh
+source dev/gpu/env.sh
+source dev/gpu/detached.sh
 state=/root/ablate
 command="snakemake ablate_decompose ablate_fix --cores all --resources gpu_jobs=2 --configfile config/local.yaml"
 
@@ -17,7 +17,7 @@ case "${1:?start, wait or collect}" in
 start)
   inputs_in_place || exit 1
   export RATCHET_TRACKING=${RATCHET_TRACKING:-off}
-  start_detached "$state" tools/gpu/ablate.sh
+  start_detached "$state" dev/gpu/ablate.sh
   sleep 15 && tail -5 "$state/snakemake.log"
   ;;
 run)

@@ -4,17 +4,17 @@
 # timed, with GPU memory sampled every second, then gathered into a record.
 # A device call lasts at most 10 minutes, so the run is started detached (setsid outlives
 # the call) and polled:
-#   bash tools/gpu/local-pipeline.sh start     # model + data in place, launch, return
-#   bash tools/gpu/local-pipeline.sh wait      # poll up to WAIT_S s (default 540), show progress
-#   bash tools/gpu/local-pipeline.sh collect   # the record -> $OUT/h200-local.tgz
+#   bash dev/gpu/local-pipeline.sh start     # model + data in place, launch, return
+#   bash dev/gpu/local-pipeline.sh wait      # poll up to WAIT_S s (default 540), show progress
+#   bash dev/gpu/local-pipeline.sh collect   # the record -> $OUT/h200-local.tgz
 # (one archive: a call brings back a limited number of files)
-# Before: the wheels and data (carry .whl and .cache/gsm8k, `source tools/gpu/env.sh`,
+# Before: the wheels and data (carry .whl and .cache/gsm8k, `source dev/gpu/env.sh`,
 # copy .cache/gsm8k to /root/data/) and the model chunks (/root/m), in calls back to back:
 # the machine is given back 30 s after a call, with everything on it. `git rev-parse HEAD >
 # .cache/commit` and carry it with `start`, since the machine's copy of .git can be stale.
 set -uo pipefail
-source tools/gpu/env.sh
-source tools/gpu/detached.sh
+source dev/gpu/env.sh
+source dev/gpu/detached.sh
 state=/root/pipeline
 command="snakemake --cores all --configfile config/local.yaml"
 
@@ -28,7 +28,7 @@ r = c.create_run(c.create_experiment("smoke"))
 c.log_metric(r.info.run_id, "x", 1.0, step=1)
 print("mlflow sqlite ok")
 PY
-  start_detached "$state" tools/gpu/local-pipeline.sh
+  start_detached "$state" dev/gpu/local-pipeline.sh
   sleep 20 && tail -5 "$state/snakemake.log"
   ;;
 run)
@@ -43,13 +43,13 @@ wait)
   for f in results/local/logs/*.log; do echo "== $f: $(grep -v '^\s*$' "$f" | tail -1 | cut -c1-240)"; done
   sort -n "$state/gpu_mem_mib.txt" | tail -1 | sed 's/^/peak GPU memory MiB so far: /'
   [ -f "$state/rc" ] && echo "pipeline rc $(cat "$state/rc"), wall $(cat "$state/wall_s") s" || echo "still running"
-  bash tools/gpu/local-pipeline.sh collect > /dev/null  # what is done so far, in case the device goes
+  bash dev/gpu/local-pipeline.sh collect > /dev/null  # what is done so far, in case the device goes
   ;;
 collect)
   # the machine's copy of .git can be stale: carry .cache/commit (git rev-parse HEAD > .cache/commit)
   [ -f .cache/commit ] && export RATCHET_COMMIT=$(cat .cache/commit)
   wall=(); [ -f "$state/wall_s" ] && wall=(--wall-s "$(cat "$state/wall_s")")
-  python3 -m ratchet.report.record --run results/local --out "$OUT/h200-local" "${wall[@]}" \
+  python3 -m dev.record --run results/local --out "$OUT/h200-local" "${wall[@]}" \
     --command "$command" --config config/local.yaml --gpu-samples "$state/gpu_mem_mib.txt"
   cp "$state/snakemake.log" "$OUT/h200-local/"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/h200-local/nvidia-smi.txt"

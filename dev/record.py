@@ -1,0 +1,155 @@
+"""A finished run gathered into a folder to commit as a record (results/records/<name>/):
+its report, metrics, evals, logs and a summary.json of the figures the README quotes.
+
+    python -m dev.record --run results/local --out results/records/h200-local \
+        --wall-s 812 --command "snakemake --cores all --configfile config/local.yaml"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+from pathlib import Path
+
+import pandas as pd
+
+from ratchet.paths import RunPaths
+from ratchet.report.record import paired_gains
+from ratchet.report.tables import TRAIN_MODES
+from ratchet.tracking import code_version
+
+STEP_TIMES = ("time/generate_s", "time/train_s", "time/sync_s", "time/wait_s", "time/engine_receive_s",
+              "time/step_s")
+# what is copied: (pattern under the run folder, folder in the record)
+COPIED = [("report/*", "report"), ("eval/*.json", "eval"), ("eval/*_answers.parquet", "eval"),
+          ("engine/build.json", "engine"), ("bench/*.json", "bench"), ("benchmarks/*.tsv", "benchmarks"),
+          ("verify/*.json", "verify"), ("ablate/*", "ablate"), ("logs/*.log", "logs"),
+          ("train/*/metrics.parquet", "train"), ("train/*/summary.json", "train")]
+
+
+def final_outputs(paths: RunPaths) -> list[Path]:
+    """The outputs of `rule all` (Snakefile): all there means the run went through."""
+    return [paths.eval_json("baseline"), *(paths.eval_json(f"after_{m}") for m in TRAIN_MODES),
+            paths.verify_json, paths.report_summary, paths.ablate_summary]
+
+
+def _json(path: Path):
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def training_summary(metrics: pd.DataFrame) -> dict:
+    """Medians of the step times and the gap, over the training steps (not the eval rows)."""
+    steps = metrics[metrics["train/loss"].notna()] if "train/loss" in metrics else metrics
+    out = {"steps": int(len(steps))}
+    for col in STEP_TIMES:
+        if col in steps:
+            out[f"median_{col.split('/')[1]}"] = float(steps[col].median())
+    for col in ("mismatch/logprob_abs_diff_mean", "mismatch/logprob_abs_diff_max"):
+        if col in steps:
+            out[f"median_{col.split('/')[1]}"] = float(steps[col].median())
+    if "train/reward" in steps and len(steps) >= 10:
+        tenth = max(1, len(steps) // 10)
+        out["reward_first_tenth"] = float(steps["train/reward"].iloc[:tenth].mean())
+        out["reward_last_tenth"] = float(steps["train/reward"].iloc[-tenth:].mean())
+    return out
+
+
+def rule_times(benchmarks: Path) -> dict[str, float]:
+    """Each rule's wall seconds from Snakemake's benchmark files."""
+    return {p.stem: float(pd.read_csv(p, sep="\t")["s"].iloc[0]) for p in sorted(benchmarks.glob("*.tsv"))}
+
+
+def summarize(run: Path, wall_s: float | None = None, peak_gpu_mib: float | None = None) -> dict:
+    paths = RunPaths(run.parent, run.name)
+    baseline = _json(paths.eval_json("baseline"))
+    verify = _json(paths.verify_json)
+    build = _json(paths.build) or {}
+    # a copied checkout (the GPU machine's) may carry a stale .git: the caller then names the commit
+    commit, version = os.environ.get("RATCHET_COMMIT"), code_version()
+    out = {"wall_s": wall_s, "commit": commit or version["git.commit"],
+           "dirty": None if commit else {"true": True, "false": False}.get(version["git.dirty"]),
+           "device": build.get("device"), "host": platform.node(),
+           "baseline_accuracy": baseline and baseline["accuracy"],
+           "baseline_accuracy_stderr": baseline and baseline["accuracy_stderr"],
+           "baseline_n": baseline and baseline["n"],
+           "repro_identical": verify and verify.get("identical"),
+           "peak_gpu_memory_mib": peak_gpu_mib}
+    gains = paired_gains(paths)
+    for mode in TRAIN_MODES:
+        after = _json(paths.eval_json(f"after_{mode}"))
+        out[f"after_accuracy_{mode}"] = after and after["accuracy"]
+        out[f"after_accuracy_stderr_{mode}"] = after and after["accuracy_stderr"]
+        if mode in gains:
+            out[f"gain_{mode}"] = gains[mode]
+        if paths.train_metrics(mode).is_file():
+            out[f"train_{mode}"] = training_summary(pd.read_parquet(paths.train_metrics(mode)))
+        if verify and mode in verify:
+            out[f"repro_identical_{mode}"] = verify[mode].get("identical")
+    ablate = _json(paths.ablate_summary)
+    if ablate:
+        out["ablate"] = {k: v for k, v in ablate.items() if not isinstance(v, dict)}
+    if paths.benchmarks.is_dir():
+        out["rule_wall_s"] = rule_times(paths.benchmarks)
+    out["complete"] = all(p.is_file() for p in final_outputs(paths))
+    return out
+
+
+def peak_from_samples(path: Path) -> float | None:
+    """The largest of nvidia-smi's memory.used samples (MiB, one per line)."""
+    if not path.is_file():
+        return None
+    values = [float(v) for v in path.read_text().split() if v.replace(".", "", 1).isdigit()]
+    return max(values) if values else None
+
+
+def collect(run: Path, out: Path, wall_s: float | None = None, command: str = "",
+            config: dict | None = None, gpu_samples: Path | None = None) -> dict:
+    """Write the record of `run` to `out` (a fresh folder: written beside it, then renamed)."""
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for pattern, dest in COPIED:
+        for src in sorted(run.glob(pattern)):
+            if src.is_file():
+                rel = src.relative_to(run / Path(pattern).parts[0])
+                target = tmp / dest / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, target)
+    summary = summarize(run, wall_s, peak_from_samples(gpu_samples) if gpu_samples else None)
+    summary["command"] = command
+    if gpu_samples is not None and gpu_samples.is_file():  # the memory timeline, one sample a second
+        shutil.copy2(gpu_samples, tmp / "gpu_memory_used_mib.txt")
+    if config is not None:
+        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    (tmp / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return summary
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--run", type=Path, required=True, help="the run folder, e.g. results/local")
+    parser.add_argument("--out", type=Path, required=True, help="the record folder to write")
+    parser.add_argument("--wall-s", type=float, default=None, help="the pipeline's wall time")
+    parser.add_argument("--command", default="", help="the command that made the run")
+    parser.add_argument("--config", type=Path, default=None, help="the config file of the run")
+    parser.add_argument("--gpu-samples", type=Path, default=None,
+                        help="nvidia-smi memory.used samples (MiB per line) taken during the run")
+    args = parser.parse_args(argv)
+    if not args.run.is_dir():
+        parser.error(f"--run {args.run}: no such run folder")
+    config = None
+    if args.config is not None:
+        from ratchet import config as config_mod
+
+        config = config_mod.load(args.config, [])
+    summary = collect(args.run, args.out, args.wall_s, args.command, config, args.gpu_samples)
+    print(json.dumps({k: v for k, v in summary.items() if not isinstance(v, dict)}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
