@@ -1,7 +1,6 @@
 """The training-inference gap cut into its sources, each switched on alone.
 
-    frame = decomposition(setup, settings)   # one row per (updates, engine dtype, source)
-    frame, vis = along_updates(setup, settings)   # and the visibility of each update, same run
+    frame, vis = along_updates(setup, settings)   # per (updates, engine dtype, source); and the visibility
 
 After 0, 1, 3, ... real GRPO updates of fp32 masters (plain GRPO, the pipeline's engine
 sampling), an engine of each dtype in `engine_dtypes` is synced from the masters (rounded at
@@ -34,7 +33,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ratchet.mismatch.fix import AblateSettings, Setup, Trajectory
+from ratchet.gap import gap_metrics
+from ratchet.mismatch.ablation import AblateSettings, Setup, Trajectory
+from ratchet.mismatch.visibility import first_rows, update_rows
 
 SOURCES = ("weight_rounding", "arithmetic", "engine_kernels", "total", "fixed", "exact")
 # source -> (reference, against); a side is "engine" or (weight_dtype, compute_dtype), "E" = the engine's
@@ -61,7 +62,6 @@ def measure_sources(policy, engine, prompts: list[list[int]], max_new_tokens: in
                     temperature: float = 1.0, eps: float = 0.2, exact_batch_size: int = 16) -> list[dict]:
     """Sync `engine` from the masters, sample, and measure every source on those tokens."""
     from ratchet.mismatch.compare import engine_logprobs, exact_logprobs, sample, trainer_logprobs
-    from ratchet.mismatch.metrics import gap_metrics
     from ratchet.rl.sync import sync_weights
 
     dtype = engine.dtype
@@ -90,11 +90,6 @@ def measure_sources(policy, engine, prompts: list[list[int]], max_new_tokens: in
     return rows
 
 
-def decomposition(setup: Setup, settings: AblateSettings, log=None) -> pd.DataFrame:
-    """One row per (updates, engine dtype, source); `log(updates, rows)` after each count."""
-    return along_updates(setup, settings, log=log, visibility_updates=0)[0]
-
-
 def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibility=None,
                   visibility_updates: int | None = None,
                   measure_at: tuple[int, ...] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -106,8 +101,6 @@ def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibili
     measured after each count in `measure_at` (default `settings.updates`; () for none).
     Returns (decomposition, visibility); `log(updates, rows)` and `log_visibility(update,
     rows)` report each as it is measured."""
-    from ratchet.mismatch.visibility import first_rows, update_rows
-
     if visibility_updates is None:
         visibility_updates = settings.visibility_updates
     measure_at = settings.updates if measure_at is None else tuple(measure_at)

@@ -23,15 +23,18 @@ def engine_weights(policy) -> dict[str, np.ndarray]:
     return {name: w.detach().cpu().numpy() for name, w in policy.export_weights().items()}
 
 
+def for_engine(engine, weights: dict[str, torch.Tensor]) -> dict:
+    """`weights` as `engine.update_weights` takes them without a host copy: tensors on its
+    GPU when it has one and they are on a GPU, else NumPy arrays."""
+    device = engine.weight_device
+    if device != "cpu" and next(iter(weights.values())).is_cuda:
+        return {k: v.to(device) for k, v in weights.items()}  # no copy when already there
+    return {k: v.detach().cpu().numpy() for k, v in weights.items()}
+
+
 def sync_weights(engine, policy) -> None:
-    """A CUDA engine takes the trainer's GPU tensors as they are (rounded into its buffers in
-    one launch through DLPack, no host copy); otherwise the masters go as NumPy views."""
-    weights = policy.export_weights()
-    on_gpu = next(iter(weights.values())).is_cuda
-    if engine.backend_name == "cuda" and on_gpu:
-        engine.update_weights(weights)
-    else:
-        engine.update_weights(engine_weights(policy))
+    """The trainer's fp32 masters into the engine, rounded there to its dtype."""
+    engine.update_weights(for_engine(engine, policy.export_weights()))
 
 
 class WeightSender:
@@ -87,7 +90,4 @@ class WeightReceiver:
         return out
 
     def receive_into(self, engine, src: int = 0) -> None:
-        weights = self.receive(src)
-        if not (engine.backend_name == "cuda" and self.flat.is_cuda):
-            weights = {k: v.cpu().numpy() for k, v in weights.items()}
-        engine.update_weights(weights)
+        engine.update_weights(for_engine(engine, self.receive(src)))

@@ -22,9 +22,8 @@ import time
 import numpy as np
 
 from ratchet.paths import RunPaths
+from ratchet.rl.runtime import SMALL_MODEL_PARAMS
 from ratchet.stages.outputs import write_parquet
-
-SMALL_MODEL_PARAMS = 50_000_000  # below this, one torch thread beats several (thread start-up)
 
 
 def _one_thread() -> None:
@@ -47,9 +46,10 @@ def make_setup(cfg: dict, with_eval: bool = False):
 
     from ratchet.data.datasets_io import load_split
     from ratchet.device import resolve_backend
-    from ratchet.mismatch.fix import AblateSettings, Setup
+    from ratchet.data.prompts import make_prompt_fn
+    from ratchet.mismatch.ablation import AblateSettings, Setup
     from ratchet.model.io import load_engine_model
-    from ratchet.rl.grpo import Task, make_prompt_fn
+    from ratchet.rl.task import Task
 
     paths = RunPaths.from_config(cfg)
     settings = AblateSettings.from_config(cfg)

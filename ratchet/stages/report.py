@@ -71,7 +71,7 @@ def gather(cfg: dict):
 
 def write_ablation_records(cfg: dict, inputs, run) -> dict:
     """ablate/summary.json: the ablations' headline numbers, from their three tables."""
-    from ratchet.mismatch.fix import AblateSettings
+    from ratchet.mismatch.ablation import AblateSettings
     from ratchet.stages.ablate import records
 
     paths = RunPaths.from_config(cfg)

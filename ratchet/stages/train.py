@@ -28,7 +28,8 @@ def make_job(cfg: dict, mode: str, out_dir: Path | None = None, **overrides):
     import torch
 
     from ratchet.device import resolve_backend
-    from ratchet.rl.grpo import GRPOConfig, Job
+    from ratchet.rl.job import Job
+    from ratchet.rl.settings import GRPOConfig
     from ratchet.stages import settings
     from ratchet.tracking import sha256_of
 

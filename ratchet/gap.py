@@ -1,4 +1,5 @@
-"""How far apart two policies are on the same sampled tokens.
+"""How far apart two policies are on the same sampled tokens: pure NumPy, so the RL loop
+and the ablations both measure with it.
 
 `engine` holds the sampler's log-probabilities of the tokens it sampled, `trainer` the
 trainer's log-probabilities of the very same tokens. The KL estimates are of
