@@ -259,6 +259,24 @@ def test_colocated_two_gloo_workers_match_one(cfg, tmp_path):
         assert np.allclose(m2[key], m1[key], rtol=1e-4, atol=1e-7), (key, m2[key].tolist(), m1[key].tolist())
 
 
+@pytest.mark.parametrize("mode", ["colocated", "split"])
+def test_exact_forward_trains_as_the_fix_with_no_gap(cfg, tmp_path, mode):
+    """train.exact_forward in both loops: the loss sees the engine's own log-probabilities
+    (its engine holds the trainer's weights, rounded: the gap on the trained tokens is 0),
+    and the gradient is the fix's, so the weights follow the fix run's bit for bit."""
+    from ratchet.stages.train import run_mode
+
+    kw = dict(round_weights=True, ahead=0, extra_groups=0, max_new_tokens=6)
+    run_mode(short_job(cfg, mode, tmp_path / "fix", **kw), mode)
+    run_mode(short_job(cfg, mode, tmp_path / "exact", exact_forward=True, **kw), mode)
+    fix, exact = (pd.read_parquet(tmp_path / n / "metrics.parquet") for n in ("fix", "exact"))
+    trained = exact["train/num_tokens"] > 0
+    assert trained.sum() >= 2
+    assert (exact.loc[trained, "mismatch/logprob_abs_diff_max"] == 0).all()
+    assert (fix.loc[trained, "mismatch/logprob_abs_diff_max"] > 0).all()
+    assert trace(tmp_path / "fix")["weights"].tolist() == trace(tmp_path / "exact")["weights"].tolist()
+
+
 def test_verify_reports_identical_reruns(cfg, tmp_path):
     from ratchet.stages.train import run_mode
     from ratchet.stages.verify import compare_traces

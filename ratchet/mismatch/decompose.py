@@ -1,33 +1,6 @@
-"""The training-inference gap cut into its sources, each switched on alone.
-
-    frame, vis = along_updates(setup, settings)   # per (updates, engine dtype, source); and the visibility
-
-After 0, 1, 3, ... real GRPO updates of fp32 masters (plain GRPO, the pipeline's engine
-sampling), an engine of each dtype in `engine_dtypes` is synced from the masters (rounded at
-the copy, as a weight sync does) and samples one fresh answer per measurement prompt. On
-those same tokens, per engine dtype E:
-
-| source            | reference                         | against                                   |
-|-------------------|-----------------------------------|-------------------------------------------|
-| `weight_rounding` | trainer, fp32 weights, fp32 maths | trainer, weights rounded to E, fp32 maths |
-| `arithmetic`      | trainer, E weights, fp32 maths    | trainer, E weights, E autocast            |
-| `engine_kernels`  | engine E                          | trainer, E weights, E autocast (closest)  |
-| `total`           | engine E (synced from masters)    | trainer, fp32 weights, fp32 maths         |
-| `fixed`           | engine E                          | trainer, E weights, fp32 maths (the fix)  |
-| `exact`           | engine E                          | trainer, E weights, engine E's arithmetic |
-
-The arithmetic source compares identical weights that are already on the E grid: autocast
-casts the weights it multiplies, so on fp32 masters it would switch weight rounding on too.
-The first three sources chain from the fp32 trainer to the engine, so per token
-total = weight_rounding + arithmetic + engine_kernels (as signed differences), and
-fixed = arithmetic + engine_kernels: `total` is what plain RL trains with, `fixed` what remains
-once the trainer's forward uses the engine's rounded weights, and `exact` what remains once
-its values also come from the engine's kernels (teacher forcing on the same weights, in
-groups of the trainer's micro-batch: ratchet/engine/score.py). With a batch-invariant engine
-that is nothing; a nonzero `exact` is a kernel whose bits follow the batch. Each row holds the per-token
-|difference of log p| (mean, p99, max) and the share of tokens whose ratio exp(difference)
-leaves [1 - eps, 1 + eps].
-"""
+"""The training-inference gap cut into its sources (PAIRS), each switched on alone, measured
+on the same fresh tokens after each count of real GRPO updates, along the run that also
+counts the visibility of every update."""
 
 from __future__ import annotations
 

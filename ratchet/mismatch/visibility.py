@@ -1,13 +1,5 @@
 """Which updates the engine can see: an fp32 master that moves less than half a unit in the
-last place of the engine dtype rounds back to the value the engine already holds.
-
-    changed_share(before, after, "fp16")   # share of weights whose fp16 value changed
-    off_grid_share(masters, "bf16")        # share of fp32 masters not on the bf16 grid
-
-With lr 1e-6 and fp16 spacing 1.5e-5 near 0.02, most of an AdamW step rounds away at the
-sync; the masters drift off the grid while the engine holds still, until a weight crosses
-half a spacing and its engine value jumps by a whole one.
-"""
+last place of the engine dtype rounds back to the value the engine already holds."""
 
 from __future__ import annotations
 

@@ -1,18 +1,6 @@
-"""Colocated GRPO: each worker generates with its own engine, then trains; repeat.
-
-    python -m ratchet train_colocated --config config/config.yaml
-
-Each step a worker samples G answers for each of its problems (`problems_per_step /
-num_workers`), scores them, and takes one GRPO update whose gradients are summed over the
-workers (torch.distributed: gloo on CPU, NCCL on GPU); then the updated fp32 masters are
-copied into its engine in place, rounded to the engine dtype. The engine therefore always
-samples with the trainer's current weights: only the precision differs (the mismatch).
-
-Where it departs from the GRPO paper (DeepSeekMath): no KL penalty to a reference model
-(as Dr. GRPO, DAPO); the loss is a mean over all response tokens of the batch, not a mean of
-per-answer means; groups whose answers all scored the same are skipped; one AdamW step per
-mini-batch (`num_minibatches`, default one per step) on fp32 master weights.
-"""
+"""Colocated GRPO (`ratchet train_colocated`): each worker generates with its own engine,
+trains, and copies the masters into it, so only precision separates sampler and trainer.
+Departs from the GRPO paper: no KL term, a token-mean loss, constant groups skipped."""
 
 from __future__ import annotations
 

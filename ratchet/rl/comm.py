@@ -59,7 +59,7 @@ class Comm:
 
     def gather_json(self, obj) -> list:
         """Every worker's JSON-able object, in rank order (no pickle)."""
-            if self.world == 1:
+        if self.world == 1:
             return [obj]
         data = torch.frombuffer(bytearray(json.dumps(obj).encode()), dtype=torch.uint8)
         parts = self._all_gather_padded(data)

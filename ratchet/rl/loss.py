@@ -1,21 +1,6 @@
-"""GRPO's loss pieces as small pure functions (tiny-grpo's `loss.py`, in ratchet's terms).
-
-Shapes: sequences are rows, response tokens are columns, `mask` [B, T] marks real tokens.
-Log-probabilities are per token; the "old" ones are what the PPO ratio divides by (the
-trainer's own, recomputed before the update, or the engine's, from sampling time), the
-"engine" ones always the sampler's.
-
-    advantages = group_advantages(rewards, scale="std")                 # [n_groups, G]
-    ratio      = exp(logp - old)                                        # [B, T]
-    loss_tok   = clipped_objective(logp, old, adv, eps_low, eps_high)  # [B, T]
-    weights    = tis_weights(old_trainer, engine, cap) or mis_weights(...)
-    loss       = token_sum(loss_tok * weights, mask) / num_tokens      # a token mean
-
-The loss is a mean over response tokens: each token counts once, whatever the length of
-its answer (DAPO / Dr. GRPO, not the per-answer mean of the GRPO paper). `num_tokens` is
-the token count of the whole (mini-)batch across micro-batches and workers, so summing the
-micro-batch gradients gives exactly the gradient of that mean.
-"""
+"""GRPO's loss pieces as small pure functions that tests call directly (tiny-grpo's
+`loss.py`), and the registry of policy-loss variants. The loss is a token mean over the
+whole batch: micro-batch gradients summed give exactly its gradient."""
 
 from __future__ import annotations
 

@@ -1,30 +1,6 @@
-"""Split GRPO: the engine and the trainer in separate processes, the engine one batch ahead.
-
-    python -m ratchet train_split --config config/config.yaml
-
-Process 0 trains, process 1 generates (torch.distributed: messages over gloo; the weights
-over NCCL when each process has its own GPU, else over gloo through pinned host memory). Batch k+1 is generated while batch k trains: batch k is sampled with the weights
-of version k - ahead (ahead = 1; 0 makes it synchronous), and after each update the trainer
-broadcasts its fp32 masters, which the engine rounds into its own buffers in place.
-
-Partial rollouts: the engine keeps `extra_groups` more groups in flight than a step trains
-on, stops when `problems_per_step` groups are complete and cancels the rest; their answers
-keep their tokens and log-probabilities and resume in the next batch under the newer
-weights. Groups started more than `max_staleness` steps ago are dropped. Every token
-remembers the weights version that drew it; the trainer takes the engine's sampling-time
-log-probabilities as "old" for every token drawn by older weights than its own, so the PPO
-ratio is the importance ratio to the policy that actually sampled it (and the clip bounds it).
-
-Where it departs from the GRPO paper: as the colocated loop (no KL term, token-mean loss,
-constant groups skipped), plus the off-policy lag above, which the paper does not have.
-
-Messages (JSON over send/recv, never pickle): trainer -> engine a start message (first batch,
-the engine's weights version, its rollout state on resume) and then weights broadcasts;
-engine -> trainer one message per batch (the finished groups, the engine's rollout state
-after it, its weights version, the generation time). A checkpoint is cut at the start of
-a trainer step: the trainer's state, the batch already generated for that step, and the
-engine's weights and rollout state as of that batch, so a resumed run replays exactly.
-"""
+"""Split GRPO (`ratchet train_split`): the engine in its own process, one batch ahead, with
+partial rollouts; tokens drawn by older weights take the engine's log-probs as "old", so the
+PPO ratio is the importance ratio to the policy that drew them (the paper has no such lag)."""
 
 from __future__ import annotations
 
@@ -82,6 +58,11 @@ def _engine_gpu(job: Job) -> dict[str, str]:
 
 
 # ---------------------------------------------------------------------------- the trainer
+# Messages, JSON over send/recv: trainer -> engine a start message (first batch, the engine's
+# weights version, its rollout state on resume), then weight broadcasts; engine -> trainer one
+# message per batch (its groups, its rollout state after it, the version that sampled it).
+# A checkpoint is cut at the start of a trainer step, with the batch already generated for it
+# and the engine's weights and rollout state as of that batch, so a resumed run replays exactly.
 def trainer_process(job: Job, port: int, log=None) -> dict:
     from ratchet.trainer.precision import torch_dtype
 

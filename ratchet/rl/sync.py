@@ -1,14 +1,6 @@
-"""Engine <- trainer weights: a copy, because both hold the same layout.
-
-Colocated: `sync_weights(engine, policy)` hands the trainer's fp32 masters to
-`Engine.update_weights`, which rounds them into its own buffers in place (fp16/bf16
-round-to-nearest-even, as `.to(dtype)` does): GPU tensors straight to a CUDA engine, NumPy
-views (no copy) to the NumPy engine. Split: the trainer broadcasts the masters as one
-flat fp32 buffer through torch.distributed (`WeightSender`: gloo, or NCCL between two GPUs),
-the engine process receives into buffers it allocated once (`WeightReceiver`) and does the
-same update. Two processes on one GPU cannot use NCCL (one rank per device), so they go
-through gloo and pinned host memory.
-"""
+"""Engine <- trainer weights: a copy, because both hold the same layout; the engine rounds
+the fp32 masters into its own buffers. Colocated: `sync_weights`; split: a broadcast of one
+flat buffer (`WeightSender` -> `WeightReceiver`), over NCCL between two GPUs, else gloo."""
 
 from __future__ import annotations
 

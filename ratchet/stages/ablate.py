@@ -1,18 +1,5 @@
-"""ablate_decompose, ablate_fix: the mismatch ablations of the study.
-
-    ratchet ablate_decompose --config config/config.yaml
-
-Both start from the converted weights and run real GRPO updates (`ratchet/mismatch/` holds
-the logic; this module only reads inputs, writes results/<run>/ablate/ and tracks):
-- decompose: along one GRPO run, the gap by source after each count of `ablate.updates` ->
-  decompose.parquet, .png; and the visibility of every update up to
-  `ablate.visibility_updates` (the share of weights it changes in fp16/bf16, and of masters
-  off the grids) -> visibility.parquet, .png
-- fix: no correction / the fix / TIS / MIS from the same seeds -> fix_steps.parquet (per
-  step), fix.parquet (per run, with the after-training accuracy), fix.png.
-`records` turns the three tables into the ablations' headline numbers (the report writes
-them to ablate/summary.json).
-"""
+"""ablate_decompose, ablate_fix: read the inputs, run the ablations of ratchet/mismatch/,
+write results/<run>/ablate/ and track; `records` gives their headline numbers."""
 
 from __future__ import annotations
 
