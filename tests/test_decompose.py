@@ -8,12 +8,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from configured import ablate_settings
 
 from ratchet.data.char_tokenizer import save_char_tokenizer
 from ratchet.data.prompts import make_prompt_fn
 from ratchet.data.synthetic import ALPHABET, make_arithmetic
 from ratchet.data.tokenizer import load_tokenizer
-from configured import ablate_settings
 from ratchet.mismatch.ablation import Setup
 from ratchet.mismatch.decompose import SOURCES, along_updates
 from ratchet.mismatch.fix import fix_runs

@@ -127,3 +127,21 @@ def test_correction_weights_enter_the_loss_as_factors():
     weights = torch.tensor([[2.0, 0.0]])
     _, grad = _grad(logp, logp.detach(), torch.tensor([1.0]), mask, weights=weights, n=2)
     torch.testing.assert_close(grad, torch.tensor([[-1.0, 0.0]]))
+
+
+def test_policy_loss_variants_come_from_the_registry():
+    from types import SimpleNamespace
+
+    from ratchet.rl.loss import POLICY_LOSSES, correction_weights
+
+    assert set(POLICY_LOSSES) == {"none", "tis", "mis"}
+    old = torch.log(torch.tensor([[0.5, 0.2, 0.9]]))
+    eng = torch.log(torch.tensor([[0.25, 0.4, 0.9]]))
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    knobs = SimpleNamespace(tis_cap=2.5, mis_low=0.6, mis_high=2.5, is_level="token")
+    torch.testing.assert_close(correction_weights("tis", old, eng, mask, knobs), tis_weights(old, eng, mask, 2.5))
+    torch.testing.assert_close(correction_weights("mis", old, eng, mask, knobs),
+                               mis_weights(old, eng, mask, 0.6, 2.5))
+    torch.testing.assert_close(correction_weights("none", old, eng, mask, knobs), torch.ones(1, 3))
+    with pytest.raises(ValueError):
+        correction_weights("ppo-kl", old, eng, mask, knobs)

@@ -46,7 +46,7 @@ def colocated_worker(job: Job, rank: int, world: int, port: int | None, log=None
     model, policy, optimizer = load_start(job, device)
     configure_threads(model.cfg, world)
     # it holds the trainer's current weights, rounded: the exact forward scores with it
-    engine = job.engine(model, batch_invariant=cfg.exact_forward, device=engine_gpu)
+    engine = job.make_engine(model, batch_invariant=cfg.exact_forward, device=engine_gpu)
     rollouts = Rollouts(task.prompts, cfg.group_size, cfg.max_new_tokens, cfg.temperature, cfg.seed,
                         cfg.groups_per_worker, extra_groups=0, max_staleness=cfg.max_staleness,
                         rank=rank, world=world)

@@ -34,7 +34,7 @@ class Experience:
     weights: torch.Tensor  # [n, T] the per-token loss weight (filled with `trainer`)
     # every answer of the step, flattened group by group (the step's metrics count them)
     rewards: np.ndarray  # [B]
-    lengths: np.ndarray  # [B] float64 response lengths
+    response_lengths: np.ndarray  # [B] float64
     finish_reasons: list[str]
     group_index: np.ndarray  # [B] stream index of each answer's group
     keep: np.ndarray  # [B] bool, trained
@@ -57,7 +57,7 @@ class Experience:
                    stale=pad(kept(versions), width, torch.int64, device) < version,
                    advantages=torch.tensor(advantages[keep], dtype=torch.float32, device=device),
                    trainer=zeros(), entropy=zeros(), old=zeros(), weights=zeros(),
-                   rewards=rewards, lengths=np.array([len(r) for r in responses], dtype=np.float64),
+                   rewards=rewards, response_lengths=np.array([len(r) for r in responses], dtype=np.float64),
                    finish_reasons=list(finish_reasons), group_index=group_index, keep=keep)
 
     def set_exact(self, values: list[list[float]]) -> None:

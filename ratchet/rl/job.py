@@ -54,7 +54,7 @@ class Job:
         return Task.load(self.model_dir, self.train_path, self.data_source, self.test_path,
                          self.grpo.eval_problems if self.grpo.eval_every else 0)
 
-    def engine(self, model, batch_invariant: bool = False, device: int | None = None):
+    def make_engine(self, model, batch_invariant: bool = False, device: int | None = None):
         from ratchet.engine.engine import Engine
 
         return Engine(model, backend=self.backend, max_batch_size=self.max_batch_size,
@@ -73,7 +73,7 @@ class TrainerEngine:
 
         if self.engine is None:
             model = EngineModel(policy.cfg, engine_weights(policy), self.job.grpo.engine_dtype)
-            self.engine = self.job.engine(model, batch_invariant=self.job.grpo.exact_forward)
+            self.engine = self.job.make_engine(model, batch_invariant=self.job.grpo.exact_forward)
         else:  # on the GPU, no host round trip of the masters
             sync_weights(self.engine, policy)
         return self.engine

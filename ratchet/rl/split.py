@@ -197,7 +197,7 @@ def engine_process(job: Job, rank: int = ENGINE, world: int = 2, port: int = 0) 
     task = job.load_task()
     model = load_engine_model(job.model_dir)
     configure_threads(model.cfg, 2)
-    engine = job.engine(model)
+    engine = job.make_engine(model)
     rollouts = Rollouts(task.prompts, cfg.group_size, cfg.max_new_tokens, cfg.temperature, cfg.seed,
                         cfg.problems_per_step, extra_groups=cfg.extra_groups,
                         max_staleness=cfg.max_staleness)

@@ -8,9 +8,9 @@ import time
 
 import numpy as np
 
+from ratchet.atomic import write_parquet
 from ratchet.paths import RunPaths
 from ratchet.rl.runtime import SMALL_MODEL_PARAMS
-from ratchet.stages.outputs import write_parquet
 
 
 def _one_thread() -> None:

@@ -15,8 +15,8 @@ import json
 import os
 from pathlib import Path
 
+from ratchet.atomic import write_json, write_text
 from ratchet.paths import RunPaths
-from ratchet.stages.outputs import write_json, write_text
 from ratchet.report.tables import TRAIN_MODES
 
 

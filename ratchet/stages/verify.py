@@ -8,8 +8,8 @@ import shutil
 
 import pandas as pd
 
+from ratchet.atomic import write_json
 from ratchet.paths import RunPaths
-from ratchet.stages.outputs import write_json
 from ratchet.stages.train import MODES, make_job, run_mode
 
 QUANTITIES = ("tokens", "logprobs", "loss", "weights")
