@@ -28,11 +28,3 @@ def ablate_settings(**overrides):
 
     return AblateSettings.from_config(config_with("ablate", overrides))
 
-
-def grpo_config(**overrides):
-    from ratchet.rl.settings import GRPOConfig
-
-    split = {k: overrides.pop(k) for k in ("ahead", "extra_groups", "max_staleness") if k in overrides}
-    if split:
-        overrides["split"] = split
-    return GRPOConfig.from_config(config_with("train", overrides))

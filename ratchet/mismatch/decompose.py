@@ -66,14 +66,9 @@ def measure_sources(policy, engine, prompts: list[list[int]], max_new_tokens: in
 def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibility=None,
                   visibility_updates: int | None = None,
                   measure_at: tuple[int, ...] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The decomposition and the visibility of updates, measured along one GRPO run.
-
-    Both ablations study the same trajectory (plain GRPO from the converted weights, the same
-    seeds), so one run serves both: every update up to `visibility_updates` (default
-    `settings.visibility_updates`; 0 for none) is counted as it happens, and the sources are
-    measured after each count in `measure_at` (default `settings.updates`; () for none).
-    Returns (decomposition, visibility); `log(updates, rows)` and `log_visibility(update,
-    rows)` report each as it is measured."""
+    """(decomposition, visibility) along one plain GRPO run: every update up to
+    `visibility_updates` is counted as it happens, the sources measured after each count in
+    `measure_at` (defaults from `settings`; 0 and () for none), each reported to its `log`."""
     if visibility_updates is None:
         visibility_updates = settings.visibility_updates
     measure_at = settings.updates if measure_at is None else tuple(measure_at)

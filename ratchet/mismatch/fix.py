@@ -42,13 +42,9 @@ def short_gap(metrics: dict[str, float]) -> dict[str, float]:
 
 
 def fix_runs(setup: Setup, settings: AblateSettings, log=None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Run each of `settings.fix_runs` for `fix_steps` steps from the same seeds.
-
-    Returns (steps, runs): one row per run and step (the reward, and the gap between the
-    engine and the trainer as it computes the loss, on that step's rollouts before the
-    update), and one row per run after training (greedy accuracy on the test split, and the
-    gap measured on fresh rollouts). `log(run, step, metrics)` is called after every step.
-    """
+    """Each of `settings.fix_runs` for `fix_steps` steps from the same seeds: (steps, runs), per
+    step the reward and the loss's gap on that step's rollouts, per run the after-training
+    accuracy and the gap on fresh rollouts; `log(run, step, row)` after every step."""
     from ratchet.rl.evaluate import evaluate
     from ratchet.rl.sync import sync_weights
 

@@ -144,12 +144,9 @@ def gap_ratio(total: float, fixed: float) -> float:
 
 
 def records(settings, decompose, vis, runs) -> dict:
-    """summary.json: the headline numbers of the three ablations (None where not measured).
-
-    The fix's ratios divide the total gap (fp16 engine synced from fp32 masters, against the
-    fp32 trainer) by what the fix leaves: `fix_max_gap_ratio` with the full fix (rounded
-    weights and the engine's own arithmetic: the `exact` source), `fix_rounding_only_*` with
-    the rounded weights alone in fp32 maths (the `fixed` source)."""
+    """summary.json: the ablations' headline numbers (None where not measured); a fix's ratio is
+    the total gap over what the fix leaves (`exact`: rounded weights and the engine's arithmetic;
+    `rounding_only`: the rounded weights in fp32 maths, the `fixed` source)."""
     out: dict = {"engine_dtype": settings.engine_dtype, "lr": settings.lr,
                  "num_rollouts": settings.num_rollouts, "max_new_tokens": settings.max_new_tokens}
     if decompose is not None:
