@@ -17,7 +17,9 @@ import pytest
 import torch
 
 from ratchet import config as config_mod
-from ratchet.rl import checkpoint as C
+from ratchet.rl.checkpoint import (clean_temporaries, latest_checkpoint, list_checkpoints, load_checkpoint,
+                                   load_optimizer, load_rng, optimizer_tensors, read_state, rng_tensors,
+                                   save_checkpoint)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,18 +38,18 @@ def prepare(results: Path, *overrides: str) -> dict:
 def test_save_load_latest_and_pruning(tmp_path):
     tensors = {"policy": {"a.weight": torch.randn(3, 4)}, "rng": {"torch_cpu": torch.get_rng_state()}}
     for step in (2, 4, 6):
-        C.save_checkpoint(tmp_path, step, tensors, {"digest": "x", "rows": [{"step": step}]}, keep=2)
-    assert [p.name for p in C.list_checkpoints(tmp_path)] == ["step-000004", "step-000006"]
-    got, state = C.load_checkpoint(C.latest_checkpoint(tmp_path, "x"))
+        save_checkpoint(tmp_path, step, tensors, {"digest": "x", "rows": [{"step": step}]}, keep=2)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step-000004", "step-000006"]
+    got, state = load_checkpoint(latest_checkpoint(tmp_path, "x"))
     assert state["step"] == 6 and state["rows"] == [{"step": 6}]
     assert torch.equal(got["policy"]["a.weight"], tensors["policy"]["a.weight"])
     assert torch.equal(got["rng"]["torch_cpu"], tensors["rng"]["torch_cpu"])
-    assert C.latest_checkpoint(tmp_path, "other settings") is None
+    assert latest_checkpoint(tmp_path, "other settings") is None
     # a half-written checkpoint (killed before the rename) is neither listed nor kept
     (tmp_path / ".step-000008.tmp-123").mkdir()
     (tmp_path / "step-000010").mkdir()  # no state.json: not whole
-    assert C.latest_checkpoint(tmp_path).name == "step-000006"
-    C.clean_temporaries(tmp_path)
+    assert latest_checkpoint(tmp_path).name == "step-000006"
+    clean_temporaries(tmp_path)
     assert not (tmp_path / ".step-000008.tmp-123").exists()
     # no pickle anywhere: safetensors and JSON only
     assert {p.suffix for p in (tmp_path / "step-000006").iterdir()} == {".safetensors", ".json"}
@@ -66,10 +68,10 @@ def test_optimizer_and_rng_round_trip_bit_exactly():
     b = make()
     b.load_state_dict(a.state_dict())
     opt_b = torch.optim.AdamW(b.parameters(), lr=1e-2, foreach=False)
-    C.load_optimizer(opt_b, b, {k: v.clone() for k, v in C.optimizer_tensors(opt_a, a).items()})
-    rng = C.rng_tensors()
+    load_optimizer(opt_b, b, {k: v.clone() for k, v in optimizer_tensors(opt_a, a).items()})
+    rng = rng_tensors()
     noise_a = torch.randn(3)
-    C.load_rng(rng)
+    load_rng(rng)
     assert torch.equal(torch.randn(3), noise_a)
     for model, opt in ((a, opt_a), (b, opt_b)):
         opt.zero_grad()
@@ -116,7 +118,7 @@ def test_sigkilled_training_resumes_to_the_same_weights(tmp_path):
     proc.wait(timeout=60)
     assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
     assert not paths.train_summary("colocated").exists()
-    assert C.list_checkpoints(paths.checkpoints("colocated"))
+    assert list_checkpoints(paths.checkpoints("colocated"))
 
     done = subprocess.run(_cli(tmp_path / "results", *overrides), env=env, check=True,
                           capture_output=True, text=True, timeout=600)
@@ -142,9 +144,9 @@ def test_split_resumes_from_an_older_checkpoint_bit_exactly(tmp_path):
                    keep_checkpoints=5, eval_every=0, extra_groups=4, max_new_tokens=12)
     full = run_split(job)
     full_trace = pd.read_parquet(tmp_path / "split" / "trace.parquet")
-    ckpts = C.list_checkpoints(job.checkpoint_dir)
+    ckpts = list_checkpoints(job.checkpoint_dir)
     assert [p.name for p in ckpts] == ["step-000002", "step-000004", "step-000005"]
-    state = C.read_state(ckpts[0])
+    state = read_state(ckpts[0])
     assert state["pending"]["step"] == 2 and state["engine_version"] == 1  # one step ahead
     assert any(r["finish_reason"] is None for g in state["rollouts"]["in_flight"] for r in g["requests"])
     for p in ckpts[1:]:

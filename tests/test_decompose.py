@@ -8,19 +8,19 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from configured import ablate_settings
 
 from ratchet.data.char_tokenizer import save_char_tokenizer
 from ratchet.data.prompts import make_prompt_fn
 from ratchet.data.synthetic import ALPHABET, make_arithmetic
 from ratchet.data.tokenizer import load_tokenizer
-from ratchet.mismatch.decompose import SOURCES, along_updates, decomposition
+from ratchet.mismatch.ablation import Setup
+from ratchet.mismatch.decompose import SOURCES, along_updates
 from ratchet.mismatch.fix import fix_runs
-from ratchet.mismatch.fix import AblateSettings, Setup
-from ratchet.mismatch.visibility import visibility
 from ratchet.model.convert_hf import convert_hf
 from ratchet.model.io import load_engine_model, save_engine_model
 from ratchet.model.tiny import make_tiny_model
-from ratchet.rl.grpo import Task
+from ratchet.rl.task import Task
 
 # the study's lr: a step of 1e-6 is a fraction of the fp16 spacing of most weights (N(0, 0.02))
 SETTINGS = dict(updates=(0, 1, 3), num_rollouts=16, max_new_tokens=4, problems_per_step=4,
@@ -54,9 +54,17 @@ def tiny(tmp_path_factory):
     torch.set_num_threads(threads)
 
 
+def decomposition(setup, settings) -> pd.DataFrame:
+    return along_updates(setup, settings, visibility_updates=0)[0]
+
+
+def visibility(setup, settings) -> pd.DataFrame:
+    return along_updates(setup, settings, measure_at=())[1]
+
+
 @pytest.fixture(scope="module")
 def frame(tiny) -> pd.DataFrame:
-    return decomposition(tiny, AblateSettings(**SETTINGS))
+    return decomposition(tiny, ablate_settings(**SETTINGS))
 
 
 def row(frame, updates, dtype, source):
@@ -138,23 +146,23 @@ def test_orderings(frame):
 
 
 def test_decomposition_and_visibility_are_identical_when_rerun(tiny, frame):
-    again = decomposition(tiny, AblateSettings(**SETTINGS))
+    again = decomposition(tiny, ablate_settings(**SETTINGS))
     pd.testing.assert_frame_equal(frame, again, check_exact=True)
-    settings = AblateSettings(**SETTINGS)
+    settings = ablate_settings(**SETTINGS)
     first, second = visibility(tiny, settings), visibility(tiny, settings)
     pd.testing.assert_frame_equal(first, second, check_exact=True)
 
 
 def test_one_run_gives_the_decomposition_and_the_visibility(tiny, frame):
     # the pipeline measures both along one GRPO run: each equals its own run's
-    settings = AblateSettings(**SETTINGS)
+    settings = ablate_settings(**SETTINGS)
     both, vis = along_updates(tiny, settings)
     pd.testing.assert_frame_equal(frame, both, check_exact=True)
     pd.testing.assert_frame_equal(visibility(tiny, settings), vis, check_exact=True)
 
 
 def test_visibility_on_real_updates(tiny):
-    vis = visibility(tiny, AblateSettings(**{**SETTINGS, "engine_dtypes": ("fp16", "bf16")}))
+    vis = visibility(tiny, ablate_settings(**{**SETTINGS, "engine_dtypes": ("fp16", "bf16")}))
     assert list(vis["update"].unique()) == [0, 1, 2, 3]
     start = vis[vis["update"] == 0].set_index("dtype")
     assert start.loc["fp16", "off_grid_share"] == 0.0  # converted to fp16
@@ -176,7 +184,7 @@ def test_exact_fix_run_trains_like_the_fix_with_no_gap(tiny):
     """The exact run's loss sees the engine's own log-probabilities (gap 0 at every step and
     after training), and its gradient is the fix's (straight through): same rewards and
     updates as the fix run, whose gap is the engine's arithmetic."""
-    settings = AblateSettings(**{**SETTINGS, "fix_runs": ("fix", "exact"), "fix_steps": 10})
+    settings = ablate_settings(**{**SETTINGS, "fix_runs": ("fix", "exact"), "fix_steps": 10})
     steps, runs = fix_runs(tiny, settings)
     by_run = {name: part.reset_index(drop=True) for name, part in steps.groupby("run")}
     trained = by_run["fix"]["num_tokens"] > 0  # a step whose groups all scored the same trains nothing

@@ -51,14 +51,19 @@ def trace(out) -> pd.DataFrame:
 
 
 # ---------------------------------------------------------------------------- rollouts
+def _task(cfg):
+    from ratchet.rl.task import Task
+
+    paths = RunPaths.from_config(cfg)
+    return Task.load(paths.model, paths.train_data, cfg["data"]["source"])
+
+
 def _engine_and_prompts(cfg):
     from ratchet.engine.engine import Engine
     from ratchet.model.io import load_engine_model
-    from ratchet.rl.grpo import Task
 
-    paths = RunPaths.from_config(cfg)
-    task = Task.load(paths.model, paths.train_data, cfg["data"]["source"])
-    model = load_engine_model(paths.model)
+    task = _task(cfg)
+    model = load_engine_model(RunPaths.from_config(cfg).model)
     make = lambda: Engine(model, backend="numpy", max_batch_size=16, max_seq_len=64)  # noqa: E731
     return make, task.prompts
 
@@ -137,35 +142,45 @@ def test_one_pass_update_equals_score_then_update(cfg, correction):
     import torch
 
     from ratchet.model.io import load_engine_model
-    from ratchet.rl import grpo as G
+    from ratchet.rl.comm import Comm
+    from ratchet.rl.experience import Experience
     from ratchet.rl.rollout import Rollouts
+    from ratchet.rl.settings import GRPOConfig
+    from ratchet.rl.trace import weights_digest
+    from ratchet.rl.update import make_optimizer, old_logprobs_and_weights, score, step_metrics, update
     from ratchet.trainer.policy import Policy
 
     make_engine, prompts = _engine_and_prompts(cfg)
     paths = RunPaths.from_config(cfg)
-    task = G.Task.load(paths.model, paths.train_data, cfg["data"]["source"])
-    gcfg = dataclasses.replace(G.GRPOConfig.from_config(cfg), lr=1e-2, micro_batch_size=5,
+    task = _task(cfg)
+    gcfg = dataclasses.replace(GRPOConfig.from_config(cfg), lr=1e-2, micro_batch_size=5,
                                is_correction=correction, tis_cap=1.001, problems_per_step=4)
     rollouts = Rollouts(prompts, gcfg.group_size, 8, 1.0, seed=3, groups_per_step=4)
     groups, _ = rollouts.collect(make_engine(), 0, version=0)
-    batch = G.make_batch(groups, task, gcfg)
-    # the untrained model scores every answer alike: train on all with made-up advantages
-    batch.keep = np.array([len(r) > 0 for r in batch.responses])
-    batch.advantages = np.random.default_rng(0).normal(size=len(batch.responses))
-    batch.versions = [[i % 2] * len(v) for i, v in enumerate(batch.versions)]  # half stale
+    reqs = [r for g in groups for r in g.requests]
+    rewards = np.array([task.reward(r.output, task.targets[g.problem]) for g in groups for r in g.requests])
+
+    def experience() -> Experience:
+        # the untrained model scores every answer alike: train on all with made-up advantages
+        return Experience.from_answers(
+            [r.prompt for r in reqs], [list(r.output) for r in reqs], [list(r.logprobs) for r in reqs],
+            [[i % 2] * len(r.output) for i, r in enumerate(reqs)],  # half stale
+            rewards, np.random.default_rng(0).normal(size=len(reqs)),
+            np.array([len(r.output) > 0 for r in reqs]), [r.finish_reason for r in reqs],
+            np.repeat([g.index for g in groups], gcfg.group_size), version=1, device="cpu")
+
     model = load_engine_model(paths.model)
     out = []
     for fused in (True, False):
         torch.manual_seed(0)
         policy = Policy.from_weights(model.cfg, model.weights)
-        optimizer = G.make_optimizer(policy, gcfg)
-        if fused:
-            sc, weights, totals = G.score_and_update(policy, optimizer, batch, gcfg, 1, G.Comm())
-        else:
-            sc = G.score(policy, batch, gcfg, 1)
-            old, weights = G.old_logprobs_and_weights(sc, gcfg)
-            totals = G.update(policy, optimizer, sc, old, weights, gcfg, G.Comm())
-        out.append((G.step_metrics(batch, sc, weights, totals, gcfg, G.Comm()), G.weights_digest(policy)))
+        optimizer = make_optimizer(policy, gcfg)
+        exp = experience()
+        if not fused:
+            score(policy, exp, gcfg)
+            exp.old, exp.weights = old_logprobs_and_weights(exp.mask, exp.stale, exp.trainer, exp.engine, gcfg)
+        totals = update(policy, optimizer, exp, gcfg, Comm(), scored=not fused)
+        out.append((step_metrics(exp, totals, gcfg, Comm()), weights_digest(policy)))
     (m1, w1), (m2, w2) = out
     assert m1["train/num_updates"] == 1 and w1 == w2
     assert m1.keys() == m2.keys()
@@ -246,6 +261,24 @@ def test_colocated_two_gloo_workers_match_one(cfg, tmp_path):
         assert np.allclose(m2[key], m1[key], rtol=1e-4, atol=1e-7), (key, m2[key].tolist(), m1[key].tolist())
 
 
+@pytest.mark.parametrize("mode", ["colocated", "split"])
+def test_exact_forward_trains_as_the_fix_with_no_gap(cfg, tmp_path, mode):
+    """train.exact_forward in both loops: the loss sees the engine's own log-probabilities
+    (its engine holds the trainer's weights, rounded: the gap on the trained tokens is 0),
+    and the gradient is the fix's, so the weights follow the fix run's bit for bit."""
+    from ratchet.stages.train import run_mode
+
+    kw = dict(round_weights=True, ahead=0, extra_groups=0, max_new_tokens=6)
+    run_mode(short_job(cfg, mode, tmp_path / "fix", **kw), mode)
+    run_mode(short_job(cfg, mode, tmp_path / "exact", exact_forward=True, **kw), mode)
+    fix, exact = (pd.read_parquet(tmp_path / n / "metrics.parquet") for n in ("fix", "exact"))
+    trained = exact["train/num_tokens"] > 0
+    assert trained.sum() >= 2
+    assert (exact.loc[trained, "mismatch/logprob_abs_diff_max"] == 0).all()
+    assert (fix.loc[trained, "mismatch/logprob_abs_diff_max"] > 0).all()
+    assert trace(tmp_path / "fix")["weights"].tolist() == trace(tmp_path / "exact")["weights"].tolist()
+
+
 def test_verify_reports_identical_reruns(cfg, tmp_path):
     from ratchet.stages.train import run_mode
     from ratchet.stages.verify import compare_traces
@@ -301,10 +334,10 @@ def test_tiny_default_learns_in_both_modes(tmp_path):
 
 
 def test_micro_batches_group_answers_of_like_length():
-    from ratchet.rl.grpo import _micro_batches
+    from ratchet.rl.update import micro_batches
 
     prompts = [[1] * 3] * 6
     responses = [[2] * n for n in (9, 1, 5, 2, 8, 1)]
-    batches = _micro_batches(range(6), prompts, responses, 2)
+    batches = micro_batches(range(6), prompts, responses, 2)
     assert batches == [[1, 5], [3, 2], [4, 0]]  # by length, ties in arrival order
     assert sorted(sum(batches, [])) == list(range(6))

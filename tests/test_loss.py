@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ratchet.rl import loss as L
+from ratchet.rl.loss import (clipped_objective, group_advantages, informative_groups, mis_weights,
+                             policy_loss, tis_weights)
 
 
 def _grad(logp, old, adv, mask, weights=None, n=None, eps_low=0.2, eps_high=0.2):
     logp = logp.clone().requires_grad_(True)
     weights = mask.float() if weights is None else weights
-    loss, _ = L.policy_loss(logp, old, adv, mask, weights, n or int(mask.sum()), eps_low, eps_high)
+    loss, _ = policy_loss(logp, old, adv, mask, weights, n or int(mask.sum()), eps_low, eps_high)
     loss.backward()
     return loss, logp.grad
 
@@ -39,7 +40,7 @@ def test_gradient_through_a_real_model_is_minus_advantage_times_grad_logp():
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.bool)
     adv = torch.tensor([0.8, -1.2])
     logp = torch.log_softmax(lin(x), -1).gather(-1, tokens[..., None])[..., 0]
-    loss, _ = L.policy_loss(logp, logp.detach(), adv, mask, mask.float(), int(mask.sum()))
+    loss, _ = policy_loss(logp, logp.detach(), adv, mask, mask.float(), int(mask.sum()))
     got = torch.autograd.grad(loss, lin.weight)[0]
     logp2 = torch.log_softmax(lin(x), -1).gather(-1, tokens[..., None])[..., 0]
     surrogate = -(adv[:, None] * logp2 * mask).sum() / int(mask.sum())
@@ -61,7 +62,7 @@ def test_clip_stops_the_gradient_exactly_where_ppo_intends(adv, ratio, stopped):
     mask = torch.ones(1, 1, dtype=torch.bool)
     a = torch.tensor([adv])
     loss, grad = _grad(logp, old, a, mask)
-    _, clipped = L.clipped_objective(logp, old, a)
+    _, clipped = clipped_objective(logp, old, a)
     assert bool(clipped[0, 0]) == stopped
     if stopped:
         assert grad[0, 0] == 0
@@ -73,50 +74,50 @@ def test_clip_stops_the_gradient_exactly_where_ppo_intends(adv, ratio, stopped):
 def test_asymmetric_clip_bounds():
     old = torch.zeros(1, 2)
     logp = torch.log(torch.tensor([[1.25, 1.35]]))
-    _, clipped = L.clipped_objective(logp, old, torch.tensor([1.0]), eps_low=0.2, eps_high=0.28)
+    _, clipped = clipped_objective(logp, old, torch.tensor([1.0]), eps_low=0.2, eps_high=0.28)
     assert clipped.tolist() == [[False, True]]
 
 
 def test_group_advantages_std_and_dr_grpo():
     r = torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]],
                      dtype=torch.float64)
-    a_none = L.group_advantages(r, "none")
+    a_none = group_advantages(r, "none")
     torch.testing.assert_close(a_none, r - r.mean(1, keepdim=True))
-    a_std = L.group_advantages(r, "std")
+    a_std = group_advantages(r, "std")
     std = r.std(1, keepdim=True)  # Bessel-corrected, as TRL and verl
     torch.testing.assert_close(a_std[:2], ((r - r.mean(1, keepdim=True)) / (std + 1e-6))[:2])
     torch.testing.assert_close(a_std[0], torch.tensor([1.5, -0.5, -0.5, -0.5], dtype=torch.float64),
                                rtol=0, atol=1e-5)
     assert torch.all(a_std[2] == 0) and torch.all(a_none[2] == 0)  # a constant group: no signal
     with pytest.raises(ValueError):
-        L.group_advantages(r, "max")
+        group_advantages(r, "max")
 
 
 def test_all_equal_groups_are_skipped():
     r = torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.5, 0.5, 0.25]])
-    assert L.informative_groups(r).tolist() == [False, False, True, True]
+    assert informative_groups(r).tolist() == [False, False, True, True]
 
 
 def test_tis_weights_token_and_sequence():
     old = torch.log(torch.tensor([[0.5, 0.2, 0.9], [0.3, 0.3, 0.3]]))
     eng = torch.log(torch.tensor([[0.25, 0.4, 0.9], [0.3, 0.1, 0.3]]))
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.bool)
-    w = L.tis_weights(old, eng, mask, cap=2.5, level="token")
+    w = tis_weights(old, eng, mask, cap=2.5, level="token")
     torch.testing.assert_close(w, torch.tensor([[2.0, 0.5, 1.0], [1.0, 2.5, 0.0]]))  # 3 -> cap 2.5
-    ws = L.tis_weights(old, eng, mask, cap=2.5, level="sequence")
+    ws = tis_weights(old, eng, mask, cap=2.5, level="sequence")
     # row 0: 2 * 0.5 * 1 = 1; row 1: 1 * 3 (the padded token does not count) = 3 -> 2.5
     torch.testing.assert_close(ws, torch.tensor([[1.0, 1.0, 1.0], [2.5, 2.5, 0.0]]))
     old.requires_grad_(True)
-    assert not L.tis_weights(old, eng, mask).requires_grad  # a weight, not a path for gradients
+    assert not tis_weights(old, eng, mask).requires_grad  # a weight, not a path for gradients
 
 
 def test_mis_weights_token_and_sequence():
     old = torch.log(torch.tensor([[0.5, 0.2, 0.9], [0.3, 0.3, 0.3]]))
     eng = torch.log(torch.tensor([[0.25, 0.4, 0.9], [0.3, 0.1, 0.3]]))
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.bool)
-    w = L.mis_weights(old, eng, mask, low=0.6, high=2.5, level="token")
+    w = mis_weights(old, eng, mask, low=0.6, high=2.5, level="token")
     torch.testing.assert_close(w, torch.tensor([[1.0, 0.0, 1.0], [1.0, 0.0, 0.0]]))  # 0.5 < 0.6, 3 > 2.5
-    ws = L.mis_weights(old, eng, mask, low=0.6, high=2.5, level="sequence")
+    ws = mis_weights(old, eng, mask, low=0.6, high=2.5, level="sequence")
     torch.testing.assert_close(ws, torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]))  # 1 in, 3 out
 
 
@@ -128,8 +129,19 @@ def test_correction_weights_enter_the_loss_as_factors():
     torch.testing.assert_close(grad, torch.tensor([[-1.0, 0.0]]))
 
 
-def test_masked_mean():
-    x = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
-    m = torch.tensor([[1, 1, 0], [0, 0, 0]], dtype=torch.bool)
-    assert float(L.masked_mean(x, m)) == 1.5
-    torch.testing.assert_close(L.masked_mean(x, m, dim=1), torch.tensor([1.5, 0.0]))
+def test_policy_loss_variants_come_from_the_registry():
+    from types import SimpleNamespace
+
+    from ratchet.rl.loss import POLICY_LOSSES, correction_weights
+
+    assert set(POLICY_LOSSES) == {"none", "tis", "mis"}
+    old = torch.log(torch.tensor([[0.5, 0.2, 0.9]]))
+    eng = torch.log(torch.tensor([[0.25, 0.4, 0.9]]))
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    knobs = SimpleNamespace(tis_cap=2.5, mis_low=0.6, mis_high=2.5, is_level="token")
+    torch.testing.assert_close(correction_weights("tis", old, eng, mask, knobs), tis_weights(old, eng, mask, 2.5))
+    torch.testing.assert_close(correction_weights("mis", old, eng, mask, knobs),
+                               mis_weights(old, eng, mask, 0.6, 2.5))
+    torch.testing.assert_close(correction_weights("none", old, eng, mask, knobs), torch.ones(1, 3))
+    with pytest.raises(ValueError):
+        correction_weights("ppo-kl", old, eng, mask, knobs)

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 
 from ratchet.config import validate
+from ratchet.mismatch.ablation import AblateSettings
 from ratchet.mismatch.decompose import SOURCES
-from ratchet.mismatch.fix import AblateSettings
 from ratchet.paths import RunPaths
 from ratchet.report import figures, tables
 from ratchet.report.summary import ReportInputs, build_summary

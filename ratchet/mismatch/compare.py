@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ratchet.engine.request import Request
-from ratchet.mismatch.metrics import gap_metrics
+from ratchet.gap import gap_metrics
 
 
 def random_prompts(vocab_size: int, n: int, length: int, seed: int,
@@ -43,11 +43,8 @@ def exact_logprobs(engine, requests: list[Request], temperature: float = 1.0,
                    batch_size: int | None = None) -> np.ndarray:
     """The same tokens scored by the engine itself (teacher forcing on its current weights,
     in groups of `batch_size`), concatenated in request order: the exact fix's forward."""
-    from ratchet.engine.score import teacher_forced_logprobs
-
     kept = [r for r in requests if r.output]
-    lps = teacher_forced_logprobs(engine, [r.prompt for r in kept], [r.output for r in kept],
-                                  temperature, batch_size)
+    lps = engine.score([r.prompt for r in kept], [r.output for r in kept], temperature, batch_size)
     return np.concatenate([np.asarray(x, dtype=np.float64) for x in lps]) if kept else np.zeros(0)
 
 

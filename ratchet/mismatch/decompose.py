@@ -1,40 +1,14 @@
-"""The training-inference gap cut into its sources, each switched on alone.
-
-    frame = decomposition(setup, settings)   # one row per (updates, engine dtype, source)
-    frame, vis = along_updates(setup, settings)   # and the visibility of each update, same run
-
-After 0, 1, 3, ... real GRPO updates of fp32 masters (plain GRPO, the pipeline's engine
-sampling), an engine of each dtype in `engine_dtypes` is synced from the masters (rounded at
-the copy, as a weight sync does) and samples one fresh answer per measurement prompt. On
-those same tokens, per engine dtype E:
-
-| source            | reference                         | against                                   |
-|-------------------|-----------------------------------|-------------------------------------------|
-| `weight_rounding` | trainer, fp32 weights, fp32 maths | trainer, weights rounded to E, fp32 maths |
-| `arithmetic`      | trainer, E weights, fp32 maths    | trainer, E weights, E autocast            |
-| `engine_kernels`  | engine E                          | trainer, E weights, E autocast (closest)  |
-| `total`           | engine E (synced from masters)    | trainer, fp32 weights, fp32 maths         |
-| `fixed`           | engine E                          | trainer, E weights, fp32 maths (the fix)  |
-| `exact`           | engine E                          | trainer, E weights, engine E's arithmetic |
-
-The arithmetic source compares identical weights that are already on the E grid: autocast
-casts the weights it multiplies, so on fp32 masters it would switch weight rounding on too.
-The first three sources chain from the fp32 trainer to the engine, so per token
-total = weight_rounding + arithmetic + engine_kernels (as signed differences), and
-fixed = arithmetic + engine_kernels: `total` is what plain RL trains with, `fixed` what remains
-once the trainer's forward uses the engine's rounded weights, and `exact` what remains once
-its values also come from the engine's kernels (teacher forcing on the same weights, in
-groups of the trainer's micro-batch: ratchet/engine/score.py). With a batch-invariant engine
-that is nothing; a nonzero `exact` is a kernel whose bits follow the batch. Each row holds the per-token
-|difference of log p| (mean, p99, max) and the share of tokens whose ratio exp(difference)
-leaves [1 - eps, 1 + eps].
-"""
+"""The training-inference gap cut into its sources (PAIRS), each switched on alone, measured
+on the same fresh tokens after each count of real GRPO updates, along the run that also
+counts the visibility of every update."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from ratchet.mismatch.fix import AblateSettings, Setup, Trajectory
+from ratchet.gap import gap_metrics
+from ratchet.mismatch.ablation import AblateSettings, Setup, Trajectory
+from ratchet.mismatch.visibility import first_rows, update_rows
 
 SOURCES = ("weight_rounding", "arithmetic", "engine_kernels", "total", "fixed", "exact")
 # source -> (reference, against); a side is "engine" or (weight_dtype, compute_dtype), "E" = the engine's
@@ -61,7 +35,6 @@ def measure_sources(policy, engine, prompts: list[list[int]], max_new_tokens: in
                     temperature: float = 1.0, eps: float = 0.2, exact_batch_size: int = 16) -> list[dict]:
     """Sync `engine` from the masters, sample, and measure every source on those tokens."""
     from ratchet.mismatch.compare import engine_logprobs, exact_logprobs, sample, trainer_logprobs
-    from ratchet.mismatch.metrics import gap_metrics
     from ratchet.rl.sync import sync_weights
 
     dtype = engine.dtype
@@ -90,24 +63,12 @@ def measure_sources(policy, engine, prompts: list[list[int]], max_new_tokens: in
     return rows
 
 
-def decomposition(setup: Setup, settings: AblateSettings, log=None) -> pd.DataFrame:
-    """One row per (updates, engine dtype, source); `log(updates, rows)` after each count."""
-    return along_updates(setup, settings, log=log, visibility_updates=0)[0]
-
-
 def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibility=None,
                   visibility_updates: int | None = None,
                   measure_at: tuple[int, ...] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The decomposition and the visibility of updates, measured along one GRPO run.
-
-    Both ablations study the same trajectory (plain GRPO from the converted weights, the same
-    seeds), so one run serves both: every update up to `visibility_updates` (default
-    `settings.visibility_updates`; 0 for none) is counted as it happens, and the sources are
-    measured after each count in `measure_at` (default `settings.updates`; () for none).
-    Returns (decomposition, visibility); `log(updates, rows)` and `log_visibility(update,
-    rows)` report each as it is measured."""
-    from ratchet.mismatch.visibility import first_rows, update_rows
-
+    """(decomposition, visibility) along one plain GRPO run: every update up to
+    `visibility_updates` is counted as it happens, the sources measured after each count in
+    `measure_at` (defaults from `settings`; 0 and () for none), each reported to its `log`."""
     if visibility_updates is None:
         visibility_updates = settings.visibility_updates
     measure_at = settings.updates if measure_at is None else tuple(measure_at)

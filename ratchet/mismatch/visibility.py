@@ -1,25 +1,13 @@
 """Which updates the engine can see: an fp32 master that moves less than half a unit in the
-last place of the engine dtype rounds back to the value the engine already holds.
-
-    changed_share(before, after, "fp16")   # share of weights whose fp16 value changed
-    off_grid_share(masters, "bf16")        # share of fp32 masters not on the bf16 grid
-    frame = visibility(setup, settings)    # both, per update, for each engine dtype
-
-With lr 1e-6 and fp16 spacing 1.5e-5 near 0.02, most of an AdamW step rounds away at the
-sync; the masters drift off the grid while the engine holds still, until a weight crosses
-half a spacing and its engine value jumps by a whole one.
-"""
+last place of the engine dtype rounds back to the value the engine already holds."""
 
 from __future__ import annotations
 
 from typing import Mapping
 
-import pandas as pd
 import torch
 
-from ratchet.mismatch.fix import AblateSettings, Setup
-
-TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+from ratchet.trainer.precision import TORCH_DTYPES
 
 
 def _tensor(w) -> torch.Tensor:
@@ -74,12 +62,3 @@ def update_rows(update: int, steps: int, before: Mapping, after: Mapping, dtypes
     return [{"update": update, "steps": steps, "dtype": d, "moved_share": moved,
              "changed_share": changed_share(before, after, d),
              "off_grid_share": off_grid_share(after, d)} for d in dtypes]
-
-
-def visibility(setup: Setup, settings: AblateSettings, log=None) -> pd.DataFrame:
-    """One row per (update, dtype), update 0 being the converted weights, over
-    `settings.visibility_updates` updates. `log(update, rows)` after each update. (The
-    pipeline measures it along the decomposition's run: `decompose.along_updates`.)"""
-    from ratchet.mismatch.decompose import along_updates
-
-    return along_updates(setup, settings, log_visibility=log, measure_at=())[1]

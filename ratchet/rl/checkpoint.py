@@ -1,17 +1,6 @@
-"""Checkpoints: tensors in safetensors, everything else in JSON, no pickle anywhere.
-
-    <root>/step-000010/
-      policy.safetensors      fp32 masters (engine names)
-      optimizer.safetensors   AdamW's exp_avg, exp_avg_sq and step per parameter
-      rng.safetensors         torch's CPU generator state (uint8)
-      engine.safetensors      split mode: the weights the engine process holds (its dtype)
-      state.json              step, settings digest, data positions, the engine's unfinished
-                              rollouts, a batch already generated, metrics so far
-
-A checkpoint is written into a temporary directory and renamed into place, so a directory
-named `step-*` is always whole; a training killed at any moment resumes from the newest one.
-A checkpoint written under other settings (its digest differs) is never resumed from.
-"""
+"""Checkpoints: tensors in safetensors, everything else in JSON, no pickle; written to a
+temporary directory and renamed, so a run killed at any moment resumes from the newest whole
+one, and never from one written under other settings."""
 
 from __future__ import annotations
 
@@ -28,6 +17,9 @@ STATE_FILE = "state.json"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
+# <root>/step-000010/: policy.safetensors (fp32 masters), optimizer.safetensors (AdamW state),
+# rng.safetensors, engine.safetensors (split: the weights the engine process holds) and
+# state.json (step, settings digest, data positions, unfinished rollouts, metrics so far)
 def save_checkpoint(root: str | Path, step: int, tensors: dict[str, dict[str, torch.Tensor]],
                     state: dict, keep: int = 2) -> Path:
     """Write `<root>/step-<step>/` with one safetensors file per entry of `tensors`."""

@@ -1,31 +1,21 @@
-"""Colocated GRPO: each worker generates with its own engine, then trains; repeat.
-
-    python -m ratchet train_colocated --config config/config.yaml
-
-Each step a worker samples G answers for each of its problems (`problems_per_step /
-num_workers`), scores them, and takes one GRPO update whose gradients are summed over the
-workers (torch.distributed: gloo on CPU, NCCL on GPU); then the updated fp32 masters are
-copied into its engine in place, rounded to the engine dtype. The engine therefore always
-samples with the trainer's current weights: only the precision differs (the mismatch).
-
-Where it departs from the GRPO paper (DeepSeekMath): no KL penalty to a reference model
-(as Dr. GRPO, DAPO); the loss is a mean over all response tokens of the batch, not a mean of
-per-answer means; groups whose answers all scored the same are skipped; one AdamW step per
-mini-batch (`num_minibatches`, default one per step) on fp32 master weights.
-"""
+"""Colocated GRPO (`ratchet train_colocated`): each worker generates with its own engine,
+trains, and copies the masters into it, so only precision separates sampler and trainer.
+Departs from the GRPO paper: no KL term, a token-mean loss, constant groups skipped."""
 
 from __future__ import annotations
 
 import time
 
-from ratchet.rl import checkpoint as C
-from ratchet.rl.grpo import (Comm, Evaluator, Job, Timer, Workers, batch_digests, configure_threads,
-                             find_resume, free_port, init_process_group, load_start,
-                             make_batch, relog, restore_trainer, set_determinism, train_on_batch,
-                             trace_row, trainer_tensors, worker_device, worker_main,
-                             write_outputs)
+from ratchet.rl.checkpoint import load_checkpoint, save_checkpoint
+from ratchet.rl.comm import Comm, free_port, init_process_group
+from ratchet.rl.evaluate import Evaluator
+from ratchet.rl.job import (Job, find_resume, load_start, relog, restore_trainer, trainer_tensors,
+                            write_outputs)
 from ratchet.rl.rollout import Rollouts
+from ratchet.rl.runtime import Timer, Workers, configure_threads, set_determinism, worker_device
 from ratchet.rl.sync import sync_weights
+from ratchet.rl.trace import rollout_digests, trace_row
+from ratchet.rl.update import grpo_step
 
 
 def run_colocated(job: Job, log=None) -> dict:
@@ -35,7 +25,7 @@ def run_colocated(job: Job, log=None) -> dict:
     if world == 1:
         return colocated_worker(job, 0, 1, None, log)
     port = free_port()
-    workers = Workers("ratchet.rl.colocated", job, range(1, world), world, port)
+    workers = Workers(_spawned_worker, (job.to_json(), world, port), range(1, world))
     failed = True
     try:
         summary = colocated_worker(job, 0, world, port, log)
@@ -46,10 +36,8 @@ def run_colocated(job: Job, log=None) -> dict:
 
 
 def colocated_worker(job: Job, rank: int, world: int, port: int | None, log=None) -> dict | None:
-    from ratchet.engine.engine import Engine
-
     cfg = job.grpo
-    device, backend = worker_device(job, rank, world)
+    device, backend, engine_gpu = worker_device(job.device, rank, world)
     if world > 1:
         init_process_group(rank, world, port, backend)
     comm = Comm(rank, world, device=device if backend == "nccl" else "cpu")
@@ -57,16 +45,16 @@ def colocated_worker(job: Job, rank: int, world: int, port: int | None, log=None
     task = job.load_task()
     model, policy, optimizer = load_start(job, device)
     configure_threads(model.cfg, world)
-    engine = Engine(model, backend=job.backend, max_batch_size=job.max_batch_size,
-                    max_seq_len=job.max_seq_len)
+    # it holds the trainer's current weights, rounded: the exact forward scores with it
+    engine = job.make_engine(model, batch_invariant=cfg.exact_forward, device=engine_gpu)
     rollouts = Rollouts(task.prompts, cfg.group_size, cfg.max_new_tokens, cfg.temperature, cfg.seed,
                         cfg.groups_per_worker, extra_groups=0, max_staleness=cfg.max_staleness,
                         rank=rank, world=world)
-    evaluator = Evaluator(job, task) if rank == 0 else None
+    evaluator = Evaluator(task, cfg.eval_every, cfg.steps, job.eval_max_new_tokens) if rank == 0 else None
     rows, trace, start = [], [], 0
     resume_from = find_resume(job)
     if resume_from is not None:
-        tensors, state = C.load_checkpoint(resume_from)
+        tensors, state = load_checkpoint(resume_from)
         restore_trainer(policy, optimizer, tensors)
         rollouts.load_state_dict(state["rollouts"][rank])
         rows, trace, start = state["rows"], state["trace"], state["step"]
@@ -75,24 +63,23 @@ def colocated_worker(job: Job, rank: int, world: int, port: int | None, log=None
         relog(rows, log if rank == 0 else None)
 
     for step in range(start, cfg.steps):
-        row, timer, step_start = {"step": step}, Timer(), time.perf_counter()
+        row, timer = {"step": step}, Timer()
         # ---------------------------------------------------------------- evaluate
         if evaluator is not None and evaluator.due(step):
-            row.update(evaluator(policy, engine))
+            row.update(evaluator(engine))
         timer()
         step_start = time.perf_counter()  # the eval is not part of the step's time
         # ---------------------------------------------------------------- roll out
         groups, rollout_stats = rollouts.collect(engine, step, version=step)
-        batch = make_batch(groups, task, cfg)
         row["time/generate_s"] = timer()
         # ---------------------------------------------------------------- train
-        metrics = train_on_batch(policy, optimizer, batch, cfg, version=step, comm=comm)
+        metrics = grpo_step(policy, optimizer, groups, task, cfg, version=step, comm=comm, engine=engine)
         row["time/train_s"] = timer()
         # ---------------------------------------------------------------- sync weights
         sync_weights(engine, policy)
         row["time/sync_s"] = timer()
         # ---------------------------------------------------------------- log
-        digests = batch_digests(batch, comm)
+        digests = rollout_digests(groups, comm)
         row.update(metrics)
         row.update({k: comm.max(v) for k, v in rollout_stats.items()})
         row["time/step_s"] = time.perf_counter() - step_start
@@ -106,14 +93,14 @@ def colocated_worker(job: Job, rank: int, world: int, port: int | None, log=None
         if job.checkpoints and ((step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps):
             states = comm.gather_json(rollouts.state_dict())
             if rank == 0:
-                C.save_checkpoint(job.checkpoint_dir, step + 1, trainer_tensors(policy, optimizer),
-                                  {"digest": job.digest, "rollouts": states, "rows": rows, "trace": trace},
-                                  keep=cfg.keep_checkpoints)
+                save_checkpoint(job.checkpoint_dir, step + 1, trainer_tensors(policy, optimizer),
+                                {"digest": job.digest, "rollouts": states, "rows": rows, "trace": trace},
+                                keep=cfg.keep_checkpoints)
 
     summary = None
     if rank == 0:
         if evaluator is not None and evaluator.due(cfg.steps):
-            final_eval = evaluator(policy, engine)
+            final_eval = evaluator(engine)
             rows.append({"step": cfg.steps, **final_eval})
             if log is not None:
                 log(final_eval, cfg.steps)
@@ -137,9 +124,5 @@ def _print(step: int, row: dict) -> None:
     print("[colocated] " + "  ".join(parts), flush=True)
 
 
-def _worker(job: Job, rank: int, world: int, port: int) -> None:
-    colocated_worker(job, rank, world, port)
-
-
-if __name__ == "__main__":
-    worker_main(_worker)
+def _spawned_worker(rank: int, job_json: str, world: int, port: int) -> None:
+    colocated_worker(Job.from_json(job_json), rank, world, port)

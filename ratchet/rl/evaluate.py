@@ -1,4 +1,5 @@
-"""Greedy evaluation: every test problem once, answers scored by the task's reward."""
+"""Greedy evaluation, one function for the eval stages, the in-training evals and the
+ablations: every problem once, answers scored by the task's reward."""
 
 from __future__ import annotations
 
@@ -46,3 +47,22 @@ def evaluate(engine, tokenizer, problems: pd.DataFrame, prompt_ids, max_new_toke
         "tokens_per_s": float(lengths.sum() / wall) if wall > 0 else 0.0,
     }
     return summary, answers
+
+
+class Evaluator:
+    """The in-training eval: greedy accuracy on the task's eval problems every `eval_every`
+    steps and after the last, on an idle engine holding the trainer's weights."""
+
+    def __init__(self, task, every: int, steps: int, max_new_tokens: int):
+        self.task, self.every, self.steps, self.max_new_tokens = task, every, steps, max_new_tokens
+
+    def due(self, step: int) -> bool:
+        problems = self.task.eval_problems
+        return bool(self.every and problems is not None and len(problems)
+                    and (step % self.every == 0 or step == self.steps))
+
+    def __call__(self, engine) -> dict[str, float]:
+        start = time.perf_counter()
+        summary, _ = evaluate(engine, self.task.tokenizer, self.task.eval_problems, self.task.prompt_fn,
+                              self.max_new_tokens, progress=False)
+        return {"eval/accuracy": summary["accuracy"], "time/eval_s": time.perf_counter() - start}

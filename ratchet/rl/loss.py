@@ -1,37 +1,26 @@
-"""GRPO's loss pieces as small pure functions (tiny-grpo's `loss.py`, in ratchet's terms).
-
-Shapes: sequences are rows, response tokens are columns, `mask` [B, T] marks real tokens.
-Log-probabilities are per token; the "old" ones are what the PPO ratio divides by (the
-trainer's own, recomputed before the update, or the engine's, from sampling time), the
-"engine" ones always the sampler's.
-
-    advantages = group_advantages(rewards, scale="std")                 # [n_groups, G]
-    ratio      = exp(logp - old)                                        # [B, T]
-    loss_tok   = clipped_objective(logp, old, adv, eps_low, eps_high)  # [B, T]
-    weights    = tis_weights(old_trainer, engine, cap) or mis_weights(...)
-    loss       = token_sum(loss_tok * weights, mask) / num_tokens      # a token mean
-
-The loss is a mean over response tokens: each token counts once, whatever the length of
-its answer (DAPO / Dr. GRPO, not the per-answer mean of the GRPO paper). `num_tokens` is
-the token count of the whole (mini-)batch across micro-batches and workers, so summing the
-micro-batch gradients gives exactly the gradient of that mean.
-"""
+"""GRPO's loss pieces as small pure functions that tests call directly (tiny-grpo's
+`loss.py`), and the registry of policy-loss variants. The loss is a token mean over the
+whole batch: micro-batch gradients summed give exactly its gradient."""
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 
 ADVANTAGE_SCALES = ("std", "none")
-IS_CORRECTIONS = ("none", "tis", "mis")
 IS_LEVELS = ("token", "sequence")
 
+# policy-loss variant -> its per-token loss weight (old_trainer, engine, mask, cfg) -> [B, T]
+POLICY_LOSSES: dict[str, Callable] = {}
 
-def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    """Mean of `x` where `mask` is True (0 where nothing is)."""
-    mask = mask.to(x.dtype)
-    if dim is None:
-        return (x * mask).sum() / mask.sum().clamp(min=1)
-    return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1)
+
+def register_policy_loss(name: str):
+    """Add a variant of the loss (verl's registry): `train.is_correction` names one."""
+    def add(fn: Callable) -> Callable:
+        POLICY_LOSSES[name] = fn
+        return fn
+    return add
 
 
 def group_advantages(rewards: torch.Tensor, scale: str = "std", eps: float = 1e-6) -> torch.Tensor:
@@ -101,17 +90,34 @@ def mis_weights(old_trainer: torch.Tensor, engine: torch.Tensor, mask: torch.Ten
     return ((ratio >= low) & (ratio <= high)).to(old_trainer.dtype) * mask
 
 
+@register_policy_loss("none")
+def plain_weights(old_trainer, engine, mask, cfg) -> torch.Tensor:
+    """No correction: every real token weighs 1."""
+    return mask.to(old_trainer.dtype)
+
+
+@register_policy_loss("tis")
+def tis_loss_weights(old_trainer, engine, mask, cfg) -> torch.Tensor:
+    return tis_weights(old_trainer, engine, mask, cfg.tis_cap, cfg.is_level)
+
+
+@register_policy_loss("mis")
+def mis_loss_weights(old_trainer, engine, mask, cfg) -> torch.Tensor:
+    return mis_weights(old_trainer, engine, mask, cfg.mis_low, cfg.mis_high, cfg.is_level)
+
+
 def correction_weights(kind: str, old_trainer: torch.Tensor, engine: torch.Tensor,
-                       mask: torch.Tensor, level: str = "token", tis_cap: float = 2.0,
-                       mis_low: float = 0.5, mis_high: float = 2.0) -> torch.Tensor:
-    """The per-token loss weight of a correction kind ("none" gives the mask itself)."""
-    if kind == "none":
-        return mask.to(old_trainer.dtype)
-    if kind == "tis":
-        return tis_weights(old_trainer, engine, mask, tis_cap, level)
-    if kind == "mis":
-        return mis_weights(old_trainer, engine, mask, mis_low, mis_high, level)
-    raise ValueError(f"importance-sampling correction {kind!r} is not one of {IS_CORRECTIONS}")
+                       mask: torch.Tensor, cfg) -> torch.Tensor:
+    """The per-token loss weight of the registered variant `kind` (cfg: its knobs)."""
+    if kind not in POLICY_LOSSES:
+        raise ValueError(f"policy loss {kind!r} is not one of {tuple(POLICY_LOSSES)}")
+    return POLICY_LOSSES[kind](old_trainer, engine, mask, cfg)
+
+
+def straight_through(values: torch.Tensor, lp: torch.Tensor) -> torch.Tensor:
+    """`values` bit for bit (lp - lp is 0) with lp's gradient: the exact forward, whose
+    values are the engine's and whose gradient is the torch forward's."""
+    return values + (lp - lp.detach())
 
 
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,

@@ -1,19 +1,6 @@
-"""Rollouts: groups of G answers per problem, collected with partial rollouts.
-
-`Rollouts.collect(engine, step, version)` keeps `groups_per_step + extra_groups` groups in
-flight, steps the engine until `groups_per_step` groups have all G answers finished, then
-cancels the rest: each unfinished answer keeps its tokens and log-probabilities and resumes
-in a later `collect`, under whatever weights the engine holds then. Each token remembers the
-weights version that sampled it, so the trainer knows which tokens are stale. Groups older
-than `max_staleness` steps are dropped. With `extra_groups=0` every group finishes in the
-step that started it: plain synchronous GRPO.
-
-Everything is deterministic: problems come from `DataStream` (a seeded permutation per
-epoch, so the data position is one integer), and a group's request ids are
-`index * G + i` where `index` is its position in the stream, so the engine's counter-based
-sampler draws the same tokens for it whatever else is in the batch and however often it was
-interrupted. The whole state is JSON (`state_dict`), for checkpoints.
-"""
+"""Rollouts: groups of G answers per problem, with partial rollouts (unfinished answers are
+cancelled and resume later, each token remembering the weights version that drew it);
+deterministic, whatever the batch, and its whole state is JSON for checkpoints."""
 
 from __future__ import annotations
 

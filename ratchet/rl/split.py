@@ -1,30 +1,6 @@
-"""Split GRPO: the engine and the trainer in separate processes, the engine one batch ahead.
-
-    python -m ratchet train_split --config config/config.yaml
-
-Process 0 trains, process 1 generates (torch.distributed: messages over gloo; the weights
-over NCCL when each process has its own GPU, else over gloo through pinned host memory). Batch k+1 is generated while batch k trains: batch k is sampled with the weights
-of version k - ahead (ahead = 1; 0 makes it synchronous), and after each update the trainer
-broadcasts its fp32 masters, which the engine rounds into its own buffers in place.
-
-Partial rollouts: the engine keeps `extra_groups` more groups in flight than a step trains
-on, stops when `problems_per_step` groups are complete and cancels the rest; their answers
-keep their tokens and log-probabilities and resume in the next batch under the newer
-weights. Groups started more than `max_staleness` steps ago are dropped. Every token
-remembers the weights version that drew it; the trainer takes the engine's sampling-time
-log-probabilities as "old" for every token drawn by older weights than its own, so the PPO
-ratio is the importance ratio to the policy that actually sampled it (and the clip bounds it).
-
-Where it departs from the GRPO paper: as the colocated loop (no KL term, token-mean loss,
-constant groups skipped), plus the off-policy lag above, which the paper does not have.
-
-Messages (JSON over send/recv, never pickle): trainer -> engine a start message (first batch,
-the engine's weights version, its rollout state on resume) and then weights broadcasts;
-engine -> trainer one message per batch (the finished groups, the engine's rollout state
-after it, its weights version, the generation time). A checkpoint is cut at the start of
-a trainer step: the trainer's state, the batch already generated for that step, and the
-engine's weights and rollout state as of that batch, so a resumed run replays exactly.
-"""
+"""Split GRPO (`ratchet train_split`): the engine in its own process, one batch ahead, with
+partial rollouts; tokens drawn by older weights take the engine's log-probs as "old", so the
+PPO ratio is the importance ratio to the policy that drew them (the paper has no such lag)."""
 
 from __future__ import annotations
 
@@ -32,14 +8,16 @@ import time
 
 import torch
 
-from ratchet.rl import checkpoint as C
-from ratchet.rl.grpo import (Comm, Evaluator, Job, Timer, Workers, batch_digests, configure_threads,
-                             find_resume, free_port, init_process_group, load_start,
-                             make_batch, recv_json, relog, restore_trainer, send_json, set_determinism,
-                             trace_row, train_on_batch, trainer_tensors, worker_main,
-                             write_outputs)
+from ratchet.rl.checkpoint import load_checkpoint, save_checkpoint
+from ratchet.rl.comm import Comm, free_port, init_process_group, recv_json, send_json
+from ratchet.rl.evaluate import Evaluator
+from ratchet.rl.job import (Job, TrainerEngine, find_resume, load_start, relog, restore_trainer,
+                            trainer_tensors, write_outputs)
 from ratchet.rl.rollout import Group, Rollouts
+from ratchet.rl.runtime import Timer, Workers, configure_threads, set_determinism
 from ratchet.rl.sync import WeightReceiver, WeightSender
+from ratchet.rl.trace import rollout_digests, trace_row
+from ratchet.rl.update import grpo_step
 
 TRAINER, ENGINE = 0, 1
 
@@ -48,7 +26,7 @@ def run_split(job: Job, log=None) -> dict:
     """Train; the trainer runs in this process (and calls `log(metrics, step)`), the engine
     in a child process."""
     port = free_port()
-    workers = Workers("ratchet.rl.split", job, range(1, 2), 2, port, env=_engine_gpu(job))
+    workers = Workers(_spawned_engine, (job.to_json(), port), range(ENGINE, ENGINE + 1), env=_engine_gpu(job))
     failed = True
     try:
         summary = trainer_process(job, port, log)
@@ -80,6 +58,11 @@ def _engine_gpu(job: Job) -> dict[str, str]:
 
 
 # ---------------------------------------------------------------------------- the trainer
+# Messages, JSON over send/recv: trainer -> engine a start message (first batch, the engine's
+# weights version, its rollout state on resume), then weight broadcasts; engine -> trainer one
+# message per batch (its groups, its rollout state after it, the version that sampled it).
+# A checkpoint is cut at the start of a trainer step, with the batch already generated for it
+# and the engine's weights and rollout state as of that batch, so a resumed run replays exactly.
 def trainer_process(job: Job, port: int, log=None) -> dict:
     from ratchet.trainer.precision import torch_dtype
 
@@ -89,7 +72,8 @@ def trainer_process(job: Job, port: int, log=None) -> dict:
     task = job.load_task()
     model, policy, optimizer = load_start(job, job.device)
     configure_threads(model.cfg, 2)
-    evaluator = Evaluator(job, task)
+    evaluator = Evaluator(task, cfg.eval_every, cfg.steps, job.eval_max_new_tokens)
+    own_engine = TrainerEngine(job)  # its evals, and the exact forward's scoring
     engine_dtype = torch_dtype(cfg.engine_dtype)
 
     def engine_copy() -> dict[str, torch.Tensor] | None:
@@ -104,7 +88,7 @@ def trainer_process(job: Job, port: int, log=None) -> dict:
     engine_version, rollout_state = 0, None
     resume_from = find_resume(job)
     if resume_from is not None:
-        tensors, state = C.load_checkpoint(resume_from)
+        tensors, state = load_checkpoint(resume_from)
         restore_trainer(policy, optimizer, tensors)
         rows, trace, start, pending = state["rows"], state["trace"], state["step"], state["pending"]
         engine_version, rollout_state = state["engine_version"], state["rollouts"]
@@ -127,10 +111,10 @@ def trainer_process(job: Job, port: int, log=None) -> dict:
         copies[start] = engine_copy()
 
     for step in range(start, cfg.steps):
-        row, timer, step_start = {"step": step}, Timer(), time.perf_counter()
+        row, timer = {"step": step}, Timer()
         # ---------------------------------------------------------------- evaluate
         if evaluator.due(step):
-            row.update(evaluator(policy))
+            row.update(evaluator(own_engine.synced(policy)))
         timer()
         step_start = time.perf_counter()  # the eval is not part of the step's time
         # ---------------------------------------------------------------- roll out (wait for it)
@@ -142,9 +126,9 @@ def trainer_process(job: Job, port: int, log=None) -> dict:
         if job.checkpoints and step > start and step % cfg.checkpoint_every == 0:
             _checkpoint(job, policy, optimizer, step, copies[engine_version], message, rows, trace)
         groups = [Group.from_dict(d) for d in message["groups"]]
-        batch = make_batch(groups, task, cfg)
         # ---------------------------------------------------------------- train
-        metrics = train_on_batch(policy, optimizer, batch, cfg, version=step)
+        scorer = own_engine.synced(policy) if cfg.exact_forward else None
+        metrics = grpo_step(policy, optimizer, groups, task, cfg, version=step, engine=scorer)
         row["time/train_s"] = timer()
         # ---------------------------------------------------------------- sync weights
         if step + 1 <= last_needed:
@@ -154,7 +138,7 @@ def trainer_process(job: Job, port: int, log=None) -> dict:
             copies[step + 1] = engine_copy()
         row["time/sync_s"] = timer()
         # ---------------------------------------------------------------- log
-        digests = batch_digests(batch, Comm())
+        digests = rollout_digests(groups, Comm())
         row.update(metrics)
         row.update(message["stats"])
         row["time/generate_s"] = message["generate_s"]
@@ -174,7 +158,7 @@ def trainer_process(job: Job, port: int, log=None) -> dict:
         _checkpoint(job, policy, optimizer, cfg.steps, copies[engine_version], final, rows, trace,
                     pending=False)
     if evaluator.due(cfg.steps):
-        final_eval = evaluator(policy)
+        final_eval = evaluator(own_engine.synced(policy))
         rows.append({"step": cfg.steps, **final_eval})
         if log is not None:
             log(final_eval, cfg.steps)
@@ -188,7 +172,7 @@ def _checkpoint(job, policy, optimizer, step, engine_weights, message, rows, tra
     state = {"digest": job.digest, "rows": rows, "trace": trace,
              "pending": message if pending else None,
              "engine_version": message["version"], "rollouts": message["rollouts"]}
-    C.save_checkpoint(job.checkpoint_dir, step,
+    save_checkpoint(job.checkpoint_dir, step,
                       {**trainer_tensors(policy, optimizer),
                        "engine": {k: v.cpu() for k, v in engine_weights.items()}},
                       state, keep=job.grpo.keep_checkpoints)
@@ -206,7 +190,6 @@ def _print(step: int, row: dict) -> None:
 
 # ---------------------------------------------------------------------------- the engine
 def engine_process(job: Job, rank: int = ENGINE, world: int = 2, port: int = 0) -> None:
-    from ratchet.engine.engine import Engine
     from ratchet.model.io import load_engine_model
 
     cfg = job.grpo
@@ -214,8 +197,7 @@ def engine_process(job: Job, rank: int = ENGINE, world: int = 2, port: int = 0) 
     task = job.load_task()
     model = load_engine_model(job.model_dir)
     configure_threads(model.cfg, 2)
-    engine = Engine(model, backend=job.backend, max_batch_size=job.max_batch_size,
-                    max_seq_len=job.max_seq_len)
+    engine = job.make_engine(model)
     rollouts = Rollouts(task.prompts, cfg.group_size, cfg.max_new_tokens, cfg.temperature, cfg.seed,
                         cfg.problems_per_step, extra_groups=cfg.extra_groups,
                         max_staleness=cfg.max_staleness)
@@ -252,5 +234,6 @@ def engine_process(job: Job, rank: int = ENGINE, world: int = 2, port: int = 0) 
     torch.distributed.destroy_process_group()
 
 
-if __name__ == "__main__":
-    worker_main(engine_process)
+
+def _spawned_engine(rank: int, job_json: str, port: int) -> None:
+    engine_process(Job.from_json(job_json), rank, 2, port)

@@ -1,14 +1,6 @@
-"""Engine <- trainer weights: a copy, because both hold the same layout.
-
-Colocated: `sync_weights(engine, policy)` hands the trainer's fp32 masters to
-`Engine.update_weights`, which rounds them into its own buffers in place (fp16/bf16
-round-to-nearest-even, as `.to(dtype)` does): GPU tensors straight to a CUDA engine, NumPy
-views (no copy) to the NumPy engine. Split: the trainer broadcasts the masters as one
-flat fp32 buffer through torch.distributed (`WeightSender`: gloo, or NCCL between two GPUs),
-the engine process receives into buffers it allocated once (`WeightReceiver`) and does the
-same update. Two processes on one GPU cannot use NCCL (one rank per device), so they go
-through gloo and pinned host memory.
-"""
+"""Engine <- trainer weights: a copy, because both hold the same layout; the engine rounds
+the fp32 masters into its own buffers. Colocated: `sync_weights`; split: a broadcast of one
+flat buffer (`WeightSender` -> `WeightReceiver`), over NCCL between two GPUs, else gloo."""
 
 from __future__ import annotations
 
@@ -23,15 +15,18 @@ def engine_weights(policy) -> dict[str, np.ndarray]:
     return {name: w.detach().cpu().numpy() for name, w in policy.export_weights().items()}
 
 
+def for_engine(engine, weights: dict[str, torch.Tensor]) -> dict:
+    """`weights` as `engine.update_weights` takes them without a host copy: tensors on its
+    GPU when it has one and they are on a GPU, else NumPy arrays."""
+    device = engine.weight_device
+    if device != "cpu" and next(iter(weights.values())).is_cuda:
+        return {k: v.to(device) for k, v in weights.items()}  # no copy when already there
+    return {k: v.detach().cpu().numpy() for k, v in weights.items()}
+
+
 def sync_weights(engine, policy) -> None:
-    """A CUDA engine takes the trainer's GPU tensors as they are (rounded into its buffers in
-    one launch through DLPack, no host copy); otherwise the masters go as NumPy views."""
-    weights = policy.export_weights()
-    on_gpu = next(iter(weights.values())).is_cuda
-    if engine.backend_name == "cuda" and on_gpu:
-        engine.update_weights(weights)
-    else:
-        engine.update_weights(engine_weights(policy))
+    """The trainer's fp32 masters into the engine, rounded there to its dtype."""
+    engine.update_weights(for_engine(engine, policy.export_weights()))
 
 
 class WeightSender:
@@ -87,7 +82,4 @@ class WeightReceiver:
         return out
 
     def receive_into(self, engine, src: int = 0) -> None:
-        weights = self.receive(src)
-        if not (engine.backend_name == "cuda" and self.flat.is_cuda):
-            weights = {k: v.cpu().numpy() for k, v in weights.items()}
-        engine.update_weights(weights)
+        engine.update_weights(for_engine(engine, self.receive(src)))

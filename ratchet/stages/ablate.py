@@ -1,18 +1,5 @@
-"""ablate_decompose, ablate_fix: the mismatch ablations of the study.
-
-    ratchet ablate_decompose --config config/config.yaml
-
-Both start from the converted weights and run real GRPO updates (`ratchet/mismatch/` holds
-the logic; this module only reads inputs, writes results/<run>/ablate/ and tracks):
-- decompose: along one GRPO run, the gap by source after each count of `ablate.updates` ->
-  decompose.parquet, .png; and the visibility of every update up to
-  `ablate.visibility_updates` (the share of weights it changes in fp16/bf16, and of masters
-  off the grids) -> visibility.parquet, .png
-- fix: no correction / the fix / TIS / MIS from the same seeds -> fix_steps.parquet (per
-  step), fix.parquet (per run, with the after-training accuracy), fix.png.
-`records` turns the three tables into the ablations' headline numbers (the report writes
-them to ablate/summary.json).
-"""
+"""ablate_decompose, ablate_fix: read the inputs, run the ablations of ratchet/mismatch/,
+write results/<run>/ablate/ and track; `records` gives their headline numbers."""
 
 from __future__ import annotations
 
@@ -21,10 +8,9 @@ import time
 
 import numpy as np
 
+from ratchet.atomic import write_parquet
 from ratchet.paths import RunPaths
-from ratchet.stages.outputs import write_parquet
-
-SMALL_MODEL_PARAMS = 50_000_000  # below this, one torch thread beats several (thread start-up)
+from ratchet.rl.runtime import SMALL_MODEL_PARAMS
 
 
 def _one_thread() -> None:
@@ -47,9 +33,10 @@ def make_setup(cfg: dict, with_eval: bool = False):
 
     from ratchet.data.datasets_io import load_split
     from ratchet.device import resolve_backend
-    from ratchet.mismatch.fix import AblateSettings, Setup
+    from ratchet.data.prompts import make_prompt_fn
+    from ratchet.mismatch.ablation import AblateSettings, Setup
     from ratchet.model.io import load_engine_model
-    from ratchet.rl.grpo import Task, make_prompt_fn
+    from ratchet.rl.task import Task
 
     paths = RunPaths.from_config(cfg)
     settings = AblateSettings.from_config(cfg)
@@ -157,12 +144,9 @@ def gap_ratio(total: float, fixed: float) -> float:
 
 
 def records(settings, decompose, vis, runs) -> dict:
-    """summary.json: the headline numbers of the three ablations (None where not measured).
-
-    The fix's ratios divide the total gap (fp16 engine synced from fp32 masters, against the
-    fp32 trainer) by what the fix leaves: `fix_max_gap_ratio` with the full fix (rounded
-    weights and the engine's own arithmetic: the `exact` source), `fix_rounding_only_*` with
-    the rounded weights alone in fp32 maths (the `fixed` source)."""
+    """summary.json: the ablations' headline numbers (None where not measured); a fix's ratio is
+    the total gap over what the fix leaves (`exact`: rounded weights and the engine's arithmetic;
+    `rounding_only`: the rounded weights in fp32 maths, the `fixed` source)."""
     out: dict = {"engine_dtype": settings.engine_dtype, "lr": settings.lr,
                  "num_rollouts": settings.num_rollouts, "max_new_tokens": settings.max_new_tokens}
     if decompose is not None:

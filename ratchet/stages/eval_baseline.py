@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from ratchet.atomic import write_json, write_parquet
 from ratchet.paths import RunPaths
-from ratchet.stages.outputs import write_json, write_parquet
 
 
 def run_eval(cfg: dict, run, model_dir, name: str) -> dict:

@@ -1,29 +1,5 @@
-"""Writing stage outputs: to a hidden temporary name beside the target, then renamed, so
-a stage killed midway never leaves a complete-looking file."""
+"""The stages' atomic writes (defined in ratchet/atomic.py, which ratchet/rl/ uses too)."""
 
-from __future__ import annotations
+from ratchet.atomic import write_json, write_parquet, write_text
 
-import json
-import os
-from pathlib import Path
-
-
-def _temporary(path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return path.with_name(f".{path.name}.tmp")
-
-
-def write_text(path: Path, text: str) -> None:
-    tmp = _temporary(path)
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def write_json(path: Path, obj) -> None:
-    write_text(path, json.dumps(obj, indent=2, default=float) + "\n")
-
-
-def write_parquet(path: Path, frame) -> None:
-    tmp = _temporary(path)
-    frame.to_parquet(tmp, index=False)
-    os.replace(tmp, path)
+__all__ = ["write_json", "write_parquet", "write_text"]

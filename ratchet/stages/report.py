@@ -1,13 +1,6 @@
-"""report: results/<run>/report/summary.md with every table of the run, and its figures.
-
-    ratchet report --config config/config.yaml
-
-Reads whatever the other stages have written so far: the baseline and after-training evals,
-the training metrics of each mode, the rerun check, the ablations. A missing output reads "not run" rather
-than failing, so the report can be rebuilt while training is still going. The figures of the
-ablations stay where their stages drew them (linked from summary.md); this stage draws the
-training curves and writes the ablations' records (ablate/summary.json) from their tables.
-"""
+"""report (`ratchet report`): summary.md with every table of the run, from whatever the other
+stages have written so far ("not run" where missing, so it can be rebuilt mid-training); it
+draws the training curves and writes the ablations' records from their tables."""
 
 from __future__ import annotations
 
@@ -15,8 +8,8 @@ import json
 import os
 from pathlib import Path
 
+from ratchet.atomic import write_json, write_text
 from ratchet.paths import RunPaths
-from ratchet.stages.outputs import write_json, write_text
 from ratchet.report.tables import TRAIN_MODES
 
 
@@ -71,7 +64,7 @@ def gather(cfg: dict):
 
 def write_ablation_records(cfg: dict, inputs, run) -> dict:
     """ablate/summary.json: the ablations' headline numbers, from their three tables."""
-    from ratchet.mismatch.fix import AblateSettings
+    from ratchet.mismatch.ablation import AblateSettings
     from ratchet.stages.ablate import records
 
     paths = RunPaths.from_config(cfg)

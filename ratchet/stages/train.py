@@ -1,14 +1,6 @@
-"""train_colocated / train_split: GRPO from the converted model; eval_after_<mode>: its eval.
-
-    python -m ratchet train_colocated --config config/config.yaml
-    python -m ratchet train_split --config config/config.yaml train.steps=20
-
-Writes results/<run>/train/<mode>/: metrics.parquet (one row per step), trace.parquet (per
-step SHA-256 of the rollout tokens, their log-probs and the weights, and the exact loss),
-model/ (the final weights in the engine dtype, with a manifest of SHA-256s), summary.json,
-and checkpoints/ (every `train.checkpoint_every` steps). Rerunning an interrupted rule resumes
-from the newest checkpoint written under the same settings, model and data.
-"""
+"""train_colocated / train_split: GRPO from the converted model into results/<run>/train/<mode>/
+(metrics, trace, final weights with their manifest, checkpoints: a rerun resumes); and the
+after-training evals."""
 
 from __future__ import annotations
 
@@ -28,7 +20,8 @@ def make_job(cfg: dict, mode: str, out_dir: Path | None = None, **overrides):
     import torch
 
     from ratchet.device import resolve_backend
-    from ratchet.rl.grpo import GRPOConfig, Job
+    from ratchet.rl.job import Job
+    from ratchet.rl.settings import GRPOConfig
     from ratchet.stages import settings
     from ratchet.tracking import sha256_of
 

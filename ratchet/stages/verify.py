@@ -1,10 +1,6 @@
-"""verify: rerun the first `train.verify_steps` steps of each training mode and compare them,
-bit for bit, with the training run: rollout tokens, their log-probabilities, the loss and the
-weights after each step. Writes results/<run>/verify/repro.json; a divergence is reported
-(first step, which quantity), not raised, so the report can show it.
-
-    python -m ratchet verify --config config/config.yaml
-"""
+"""verify: rerun the first `train.verify_steps` steps of each mode and compare them bit for
+bit with the training run (tokens, log-probs, loss, weights); a divergence is reported, not
+raised, so the report can show it."""
 
 from __future__ import annotations
 
@@ -12,8 +8,8 @@ import shutil
 
 import pandas as pd
 
+from ratchet.atomic import write_json
 from ratchet.paths import RunPaths
-from ratchet.stages.outputs import write_json
 from ratchet.stages.train import MODES, make_job, run_mode
 
 QUANTITIES = ("tokens", "logprobs", "loss", "weights")

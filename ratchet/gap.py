@@ -1,11 +1,6 @@
-"""How far apart two policies are on the same sampled tokens.
-
-`engine` holds the sampler's log-probabilities of the tokens it sampled, `trainer` the
-trainer's log-probabilities of the very same tokens. The KL estimates are of
-KL(engine || trainer) with samples from the engine (Schulman's k1 and k3). Besides ratchet's
-own names, the same numbers are returned under the names verl and TRL log, so runs compare
-across tools.
-"""
+"""How far apart two policies are on the same sampled tokens (KL(engine || trainer) from the
+engine's samples, ratio bands, also under verl's and TRL's names so runs compare across
+tools): pure NumPy, so the RL loop and the ablations both measure with it."""
 
 from __future__ import annotations
 

@@ -1,0 +1,164 @@
+"""What the ablations share: their settings, the setup every run starts from, and one GRPO
+run of the colocated loop (`Trajectory`), cut to what they measure."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, fields
+
+import pandas as pd
+
+from ratchet.rl.settings import GRPOConfig, lookup
+
+# the GRPO knobs of each ablation run, over the profile's `train:` settings
+FIX_RUNS: dict[str, dict] = {
+    "none": {},  # the trainer's forward on its fp32 masters, no correction
+    "fix": {"round_weights": True},  # the forward on the masters rounded to the engine dtype
+    "exact": {"round_weights": True, "exact_forward": True},  # ... its values the engine's own
+    "tis": {"is_correction": "tis"},  # truncated importance sampling
+    "mis": {"is_correction": "mis"},  # masked importance sampling
+}
+
+_OUTSIDE_ABLATE = {"seed": ("seed",), "engine_dtype": ("engine", "dtype"), "train": ("train",)}
+
+
+@dataclass
+class AblateSettings:
+    """The `ablate:` section, the seed, the pipeline's engine dtype and the profile's GRPO
+    settings (the ablation runs' knobs that `ablate:` does not set)."""
+    updates: tuple[int, ...]
+    num_rollouts: int
+    max_new_tokens: int
+    problems_per_step: int
+    group_size: int
+    lr: float
+    eps: float
+    temperature: float
+    engine_dtypes: tuple[str, ...]
+    visibility_updates: int
+    fix_steps: int
+    fix_runs: tuple[str, ...]
+    tis_cap: float
+    mis_low: float
+    mis_high: float
+    micro_batch_size: int
+    max_steps_per_update: int
+    eval_problems: int | None
+    batch_invariant: bool  # the ablations' engines (see Setup.batch_invariant)
+    seed: int
+    engine_dtype: str  # the pipeline's engine: samples the training rollouts
+    train: GRPOConfig
+
+    def __post_init__(self):
+        self.updates = tuple(sorted(set(int(u) for u in self.updates)))
+        self.engine_dtypes = tuple(self.engine_dtypes)
+        self.fix_runs = tuple(self.fix_runs)
+        unknown = set(self.fix_runs) - set(FIX_RUNS)
+        if unknown:
+            raise ValueError(f"config ablate.fix_runs: {sorted(unknown)} not in {tuple(FIX_RUNS)}")
+        if not self.updates or self.updates[0] < 0:
+            raise ValueError("config ablate.updates: needs update counts >= 0")
+
+    @staticmethod
+    def schema_key(name: str) -> tuple[str, ...]:
+        return _OUTSIDE_ABLATE.get(name, ("ablate", name))
+
+    @classmethod
+    def from_config(cls, cfg: dict) -> "AblateSettings":
+        """From a validated config (ratchet.config.validate fills every default)."""
+        values = {f.name: lookup(cfg, cls.schema_key(f.name)) for f in fields(cls)}
+        return cls(**{**values, "train": GRPOConfig.from_config(cfg)})
+
+    def grpo(self, run: str = "none", steps: int | None = None) -> GRPOConfig:
+        """The GRPOConfig of one ablation run (a key of FIX_RUNS)."""
+        ablate = dict(steps=steps or self.fix_steps, problems_per_step=self.problems_per_step,
+                      group_size=self.group_size, max_new_tokens=self.max_new_tokens,
+                      temperature=self.temperature, lr=self.lr, clip_eps_low=self.eps,
+                      clip_eps_high=self.eps, tis_cap=self.tis_cap, mis_low=self.mis_low,
+                      mis_high=self.mis_high, micro_batch_size=self.micro_batch_size,
+                      seed=self.seed, engine_dtype=self.engine_dtype,
+                      is_correction="none", round_weights=False, exact_forward=False)
+        return dataclasses.replace(self.train, **{**ablate, **FIX_RUNS[run]})
+
+
+@dataclass
+class Setup:
+    """What every ablation run starts from."""
+    model: object  # EngineModel: the converted weights (on the engine dtype's grid)
+    task: object  # ratchet.rl.task.Task: training prompts, targets, reward
+    measure_prompts: list[list[int]]  # prompts of the fresh rollouts the gaps are measured on
+    backend: str = "numpy"
+    max_batch_size: int = 64
+    max_seq_len: int = 1024
+    device: str = "cpu"  # the trainer's torch device
+    eval_problems: pd.DataFrame | None = None  # test split for the after-training accuracy
+    prompt_fn: object = None  # question -> prompt ids (for the eval)
+    eval_max_new_tokens: int = 8
+    # batch-invariant engines (one CUDA decode bucket, prompts prefilled by decode steps), so
+    # that teacher forcing (the exact fix) reproduces a rollout's bits in any grouping
+    batch_invariant: bool = True
+
+    def engine(self, dtype: str, weights=None):
+        """A fresh engine of `dtype` on `weights` (the converted ones by default), rounded."""
+        from ratchet.engine.engine import Engine
+        from ratchet.model.dtypes import round_to
+        from ratchet.model.io import EngineModel
+
+        weights = self.model.weights if weights is None else weights
+        model = EngineModel(self.model.cfg, {k: round_to(v, dtype) for k, v in weights.items()}, dtype)
+        return Engine(model, backend=self.backend, max_batch_size=self.max_batch_size,
+                      max_seq_len=self.max_seq_len, batch_invariant=self.batch_invariant)
+
+
+class Trajectory:
+    """One GRPO run of the colocated loop: roll out, update the fp32 masters, sync the engine.
+    A step whose groups all scored the same trains on nothing and is not an update."""
+
+    def __init__(self, setup: Setup, grpo_cfg: GRPOConfig):
+        import torch
+
+        from ratchet.rl.rollout import Rollouts
+        from ratchet.rl.runtime import set_determinism
+        from ratchet.rl.update import make_optimizer
+        from ratchet.trainer.policy import Policy
+
+        self.setup, self.cfg = setup, grpo_cfg
+        if setup.device == "cpu":  # CPU kernels are deterministic; the switch costs 3 s of imports
+            torch.manual_seed(grpo_cfg.seed)
+        else:
+            set_determinism(grpo_cfg.seed)
+        self.policy = Policy.from_weights(setup.model.cfg, setup.model.weights, device=setup.device)
+        self.optimizer = make_optimizer(self.policy, grpo_cfg)
+        self.engine = setup.engine(grpo_cfg.engine_dtype)
+        self.rollouts = Rollouts(setup.task.prompts, grpo_cfg.group_size, grpo_cfg.max_new_tokens,
+                                 grpo_cfg.temperature, grpo_cfg.seed, grpo_cfg.problems_per_step)
+        self.step = 0  # rollout + train steps taken
+        self.updates = 0  # steps that changed the masters
+
+    def train_step(self) -> dict[str, float]:
+        from ratchet.rl.sync import sync_weights
+        from ratchet.rl.update import grpo_step
+
+        groups, _ = self.rollouts.collect(self.engine, self.step, version=self.step)
+        # the engine holds the rounded masters: the trainer's weights, for the exact forward
+        metrics = grpo_step(self.policy, self.optimizer, groups, self.setup.task, self.cfg,
+                            version=self.step, engine=self.engine)
+        sync_weights(self.engine, self.policy)
+        self.step += 1
+        self.updates += metrics["train/num_updates"] > 0
+        return metrics
+
+    def advance_to(self, updates: int, max_steps_per_update: int = 20) -> None:
+        """Train until the masters have seen `updates` updates."""
+        budget = self.step + max_steps_per_update * max(updates - self.updates, 0)
+        while self.updates < updates:
+            if self.step >= budget:
+                raise RuntimeError(f"ablation run: {self.updates} updates after {self.step} steps; "
+                                   "every group scored the same too often (raise "
+                                   "ablate.max_steps_per_update or ablate.group_size)")
+            self.train_step()
+
+    def masters(self) -> dict:
+        """A copy of the fp32 masters under the engine names, as torch tensors kept on the
+        trainer's device (comparing 0.5B weights there is cheap, on the host it is not)."""
+        return {k: v.detach().clone() for k, v in self.policy.export_weights().items()}

@@ -1,0 +1,93 @@
+"""The process a GRPO worker runs in: thread counts, determinism, its device, and the
+worker processes it starts (torch.multiprocessing)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+import torch
+
+SMALL_MODEL_PARAMS = 50_000_000  # below this one torch thread beats several (start-up, spinning)
+
+
+def configure_threads(model_cfg, num_processes: int = 1) -> None:
+    """One torch thread for a small model; else this process' share of the cores. (A fixed
+    choice per setting: the thread count can change float sums, so reruns must agree.)"""
+    from ratchet.model.layout import num_parameters
+
+    if num_parameters(model_cfg) < SMALL_MODEL_PARAMS:
+        torch.set_num_threads(1)
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    torch.set_num_threads(max(1, (cores or 1) // num_processes))
+
+
+def set_determinism(seed: int) -> None:
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS on GPU
+    torch.manual_seed(seed)
+    torch.use_deterministic_algorithms(True)
+
+
+def worker_device(trainer_device: str, rank: int, world: int) -> tuple[str, str, int | None]:
+    """(torch device of this worker's trainer, torch.distributed backend, the GPU its engine
+    runs on): NCCL when every worker has a GPU of its own, else gloo (CPU tensors)."""
+    if trainer_device == "cpu":
+        return "cpu", "gloo", None
+    if torch.cuda.device_count() >= world:
+        torch.cuda.set_device(rank)
+        return f"cuda:{rank}", "nccl", rank
+    return "cuda", "gloo", None
+
+
+class Timer:
+    def __init__(self):
+        self.t0 = time.perf_counter()
+
+    def __call__(self) -> float:
+        t, self.t0 = self.t0, time.perf_counter()
+        return self.t0 - t
+
+
+def _spawned(index: int, fn, first_rank: int, args: tuple, env: dict[str, str]) -> None:
+    os.environ.update(env)  # before anything touches CUDA in this process
+    fn(first_rank + index, *args)
+
+
+class Workers:
+    """Ranks `ranks` as processes (torch.multiprocessing, spawned), running `fn(rank, *args)`
+    while this process runs rank 0 itself. Rank 0 blocks in collectives with them, where
+    ProcessContext.join cannot be called, and NCCL would wait for a dead peer until the
+    group's timeout: so a thread joins them, and exits this process when one fails."""
+
+    def __init__(self, fn, args: tuple, ranks: range, env: dict[str, str] | None = None):
+        import torch.multiprocessing as mp
+
+        self.context = mp.start_processes(_spawned, args=(fn, ranks.start, args, env or {}),
+                                          nprocs=len(ranks), join=False, start_method="spawn")
+        self.closing, self.error = threading.Event(), None
+        self.watcher = threading.Thread(target=self._watch, daemon=True)
+        self.watcher.start()
+
+    def _watch(self) -> None:
+        try:
+            while not self.context.join(timeout=0.5):
+                pass
+        except Exception as error:  # ProcessRaisedException / ProcessExitedException
+            self.error = error
+            if not self.closing.is_set():
+                print(f"a worker failed; stopping: {error}", file=sys.stderr, flush=True)
+                os._exit(1)
+
+    def close(self, failed: bool) -> None:
+        """Wait for the workers (kill them if this process `failed`)."""
+        self.closing.set()
+        if failed:
+            for p in self.context.processes:
+                if p.is_alive():
+                    p.kill()
+        self.watcher.join()
+        if self.error is not None and not failed:
+            raise RuntimeError(f"a worker failed: {self.error}") from self.error

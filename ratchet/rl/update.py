@@ -1,0 +1,151 @@
+"""One GRPO step, defined once: the colocated loop, the split trainer and the ablations'
+trajectories all call `grpo_step` (roll-out groups in, metrics out)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ratchet.gap import gap_metrics
+from ratchet.rl.comm import Comm
+from ratchet.rl.experience import Experience, make_experience
+from ratchet.rl.loss import correction_weights, policy_loss
+from ratchet.rl.rollout import Group
+from ratchet.rl.settings import GRPOConfig
+
+
+def grpo_step(policy, optimizer, groups: list[Group], task, cfg: GRPOConfig, version: int,
+              comm: Comm | None = None, engine=None) -> dict[str, float]:
+    """Score the groups, update the fp32 masters, return the step's metrics over all workers.
+    `version`: the updates the trainer's weights have seen; `engine` (exact_forward only):
+    an idle engine holding the trainer's current weights, rounded, that scores the answers."""
+    comm = comm or Comm()
+    exp = make_experience(groups, task, cfg, version, next(policy.parameters()).device)
+    if cfg.exact_forward:  # only the kept answers: the others are never read
+        exp.set_exact(engine.score(exp.prompts, exp.responses, cfg.temperature, cfg.micro_batch_size))
+    if cfg.num_minibatches > 1:  # the weights move between mini-batches: score all first
+        score(policy, exp, cfg)
+        exp.old, exp.weights = old_logprobs_and_weights(exp.mask, exp.stale, exp.trainer, exp.engine, cfg)
+    totals = update(policy, optimizer, exp, cfg, comm, scored=cfg.num_minibatches > 1)
+    return step_metrics(exp, totals, cfg, comm)
+
+
+def make_optimizer(policy: torch.nn.Module, cfg: GRPOConfig) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(policy.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.adam_eps,
+                             weight_decay=cfg.weight_decay, foreach=False)
+
+
+def micro_batches(rows, prompts, responses, size: int) -> list[list[int]]:
+    """`rows` cut into micro-batches of `size`, shortest answers (prompt + response) first:
+    a micro-batch is padded to its longest answer, so like goes with like. The loss is a sum
+    over tokens, so the order changes only the order of the gradient's additions."""
+    rows = sorted(rows, key=lambda i: len(prompts[i]) + len(responses[i]))  # stable: ties keep order
+    return [rows[i:i + size] for i in range(0, len(rows), size)]
+
+
+def forwards(policy, exp: Experience, rows, cfg: GRPOConfig, with_entropy: bool):
+    """(rows, log-probs [b, t] as the loss sees them, mask [b, t], entropy) per micro-batch."""
+    for mb in micro_batches(rows, exp.prompts, exp.responses, cfg.micro_batch_size):
+        lp, mask, ent = policy.token_logprobs([exp.prompts[i] for i in mb], [exp.responses[i] for i in mb],
+                                              temperature=cfg.temperature, weight_dtype=cfg.weight_dtype,
+                                              compute_dtype=cfg.compute_dtype, with_entropy=with_entropy)
+        yield mb, exp.forward_values(lp, mb), mask, ent
+
+
+def score(policy, exp: Experience, cfg: GRPOConfig) -> None:
+    """The trainer's log-probs (and entropy) of the kept answers, no gradient."""
+    with torch.no_grad():
+        for rows, lp, _, ent in forwards(policy, exp, range(len(exp.responses)), cfg, with_entropy=True):
+            exp.trainer[rows, :lp.shape[1]] = lp
+            exp.entropy[rows, :lp.shape[1]] = ent
+
+
+def old_logprobs_and_weights(mask, stale, trainer, engine, cfg: GRPOConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ratio's denominator per token, and the loss weight per token. Fresh tokens take the
+    trainer's log-probs (old_logprobs "trainer") and the policy loss's correction weight; the
+    others take the engine's and weight 1 (their ratio already is the importance ratio)."""
+    from_trainer = mask & ~stale if cfg.old_logprobs == "trainer" else torch.zeros_like(mask)
+    old = torch.where(from_trainer, trainer, engine)  # [n, T]
+    weights = correction_weights(cfg.is_correction, trainer, engine, from_trainer, cfg)
+    return old, weights + (mask & ~from_trainer).float()
+
+
+def update(policy, optimizer, exp: Experience, cfg: GRPOConfig, comm: Comm, scored: bool) -> dict:
+    """One AdamW step per mini-batch over its micro-batches. The loss of a mini-batch is its
+    token sum over its token count on all workers. Unless `scored`, each micro-batch's own
+    forward is its scoring one (the weights change only at the optimiser step)."""
+    params = list(policy.parameters())
+    totals = {"loss": 0.0, "clipped": 0.0, "ratio": 0.0, "grad_norm": 0.0, "updates": 0}
+    minibatches = np.array_split(np.arange(len(exp.responses)), cfg.num_minibatches)
+    for minibatch in minibatches:
+        num_tokens = comm.sum([float(exp.mask[minibatch].sum())])[0]
+        if num_tokens == 0:
+            continue  # every worker sees the same global count, so all skip together
+        optimizer.zero_grad(set_to_none=False)
+        for rows, lp, mask, ent in forwards(policy, exp, minibatch.tolist(), cfg, with_entropy=not scored):
+            t = lp.shape[1]  # [b, t]
+            if scored:
+                old, weights = exp.old[rows, :t], exp.weights[rows, :t]
+            else:
+                before = lp.detach()
+                exp.trainer[rows, :t], exp.entropy[rows, :t] = before, ent.detach()
+                old, weights = old_logprobs_and_weights(mask, exp.stale[rows, :t], before,
+                                                        exp.engine[rows, :t], cfg)
+                exp.old[rows, :t], exp.weights[rows, :t] = old, weights
+            loss, sums = policy_loss(lp, old, exp.advantages[rows], mask, weights, num_tokens,
+                                     cfg.clip_eps_low, cfg.clip_eps_high)
+            loss.backward()
+            totals["loss"] += float(loss.detach()) / len(minibatches)
+            totals["clipped"] += sums["clipped"]
+            totals["ratio"] += sums["ratio"]
+        comm.sum_grads(params)
+        totals["grad_norm"] += float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm, foreach=False))
+        optimizer.step()
+        totals["updates"] += 1
+    return totals
+
+
+def step_metrics(exp: Experience, totals: dict, cfg: GRPOConfig, comm: Comm) -> dict[str, float]:
+    mask, weights = exp.mask, exp.weights
+    local = {"loss": totals["loss"], "clipped": totals["clipped"], "ratio": totals["ratio"],
+             "grad_norm": totals["grad_norm"], "tokens": float(mask.sum()),
+             "entropy": float(exp.entropy[mask].sum()), "seqs": float(len(exp.responses)),
+             "answers": float(len(exp.rewards)), "reward": float(exp.rewards.sum()),
+             "correct": float((exp.rewards >= 1).sum()), "length": float(exp.response_lengths.sum()),
+             "truncated": float(sum(f == "length" for f in exp.finish_reasons)),
+             "groups": float(len(set(exp.group_index.tolist()))),
+             "kept_groups": float(len(set(exp.group_index[exp.keep].tolist()))),
+             "stale": float((exp.stale & mask).sum()), "weight": float(weights[mask].sum()),
+             "masked": float(((weights == 0) & mask).sum())}
+    s = dict(zip(local, comm.sum(list(local.values()))))
+    tokens = max(s["tokens"], 1.0)
+    out = {
+        "train/loss": s["loss"],
+        "train/clip_fraction": s["clipped"] / tokens,
+        "train/ratio_mean": s["ratio"] / tokens,
+        "train/entropy": s["entropy"] / tokens,
+        "train/grad_norm": s["grad_norm"] / max(totals["updates"], 1) / comm.world,
+        "train/lr": cfg.lr,
+        "train/num_updates": float(totals["updates"]),
+        "train/num_tokens": s["tokens"],
+        "train/num_sequences": s["seqs"],
+        "train/reward": s["reward"] / s["answers"],
+        "train/accuracy": s["correct"] / s["answers"],
+        "train/response_length_mean": s["length"] / s["answers"],
+        "train/response_length_max": comm.max(float(exp.response_lengths.max(initial=0))),
+        "train/truncated_share": s["truncated"] / s["answers"],
+        "train/groups_skipped_share": 1.0 - s["kept_groups"] / max(s["groups"], 1.0),
+        "train/is_weight_mean": s["weight"] / tokens,
+        "train/is_masked_share": s["masked"] / tokens,
+        "rollout/stale_token_share": s["stale"] / tokens,
+    }
+    # the mismatch on the trained tokens: engine (sampling time) against trainer (before the update)
+    e_all = comm.cat(exp.engine[mask].double().cpu().numpy())
+    t_all = comm.cat(exp.trainer[mask].double().cpu().numpy())
+    if len(e_all):
+        out.update(gap_metrics(e_all, t_all, eps=max(cfg.clip_eps_low, cfg.clip_eps_high)))
+        ratio = np.exp(t_all - e_all)
+        out.update({"sampling/importance_sampling_ratio/min": float(ratio.min()),
+                    "sampling/importance_sampling_ratio/mean": float(ratio.mean()),
+                    "sampling/importance_sampling_ratio/max": float(ratio.max())})
+    return out
