@@ -1,5 +1,6 @@
-"""`ratchet <stage> --config FILE [key=value ...]`: run one pipeline stage by hand.
-The Snakemake rules call this same entry point, so a stage behaves the same in and out of it."""
+"""`ratchet <stage> [--config FILE] [key=value ...]`: run one pipeline stage by hand.
+The Snakemake rules call this same entry point, so a stage behaves the same in and out of it;
+`ratchet config ...` prints the config a profile resolves to."""
 
 from __future__ import annotations
 
@@ -7,30 +8,108 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 from ratchet import config as config_mod
+from ratchet.errors import InputError
+from ratchet.paths import RunPaths
 from ratchet.stages import CONFIG_ENV, STAGES, run_stage
+from ratchet.stages.registry import COMMON
+
+# stages that only fetch, convert or tabulate: no engine or trainer, so any machine will do
+NO_ENGINE = ("download_model", "download_data", "convert_weights", "report")
+TEMPLATE = RunPaths(Path("<results_dir>"), "<run_name>")
+
+
+def _stage_help(name: str) -> str:
+    s = STAGES[name]
+    reads = "\n".join(f"  {p}" for p in s.reads(TEMPLATE)) or "  (nothing from earlier stages)"
+    writes = "\n".join(f"  {p}" for p in s.writes(TEMPLATE))
+    sections = ", ".join(COMMON + s.sections)
+    return (f"{name}: {s.summary}.\n\nreads:\n{reads}\nwrites:\n{writes}\nconfig it depends on: "
+            f"{sections}\n\nAs a rule of the pipeline: snakemake --cores all {name}")
+
+
+def _overview() -> str:
+    lines = ["ratchet: run one stage of the mismatch pipeline by hand, or print a resolved config.", "",
+             "usage: ratchet <stage> [--config FILE] [--force] [key=value ...]",
+             "       ratchet config [--config FILE] [key=value ...]", "", "stages (in pipeline order):"]
+    lines += [f"  {n:22s} {s.summary}" for n, s in STAGES.items()]
+    lines += ["", "`ratchet <stage> --help` says what a stage reads, writes and depends on."]
+    return "\n".join(lines)
+
+
+def _parser(name: str) -> argparse.ArgumentParser:
+    about = _stage_help(name) if name in STAGES else "print the config a profile resolves to, as JSON"
+    p = argparse.ArgumentParser(prog=f"ratchet {name}", description=about,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", help="YAML profile laid over the schema's defaults (default: the "
+                                    "defaults alone)")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="override a config key, e.g. eval.num_problems=50")
+    # the rules: the validated config through the environment, progress to their fd 3
+    p.add_argument("--config-from-env", action="store_true", help=argparse.SUPPRESS)
+    if name in STAGES:
+        p.add_argument("--force", action="store_true", help="replace outputs made under other settings")
+        p.add_argument("--progress-fd", type=int, help=argparse.SUPPRESS)
+    else:
+        p.add_argument("--out", help="write it to this file (through a temporary name) instead")
+    return p
+
+
+def _config(args) -> dict:
+    if getattr(args, "config_from_env", False):
+        return config_mod.validate(config_mod.apply_overrides(json.loads(os.environ[CONFIG_ENV]),
+                                                              args.overrides))
+    return config_mod.load(args.config, args.overrides)
+
+
+def _preflight(stage: str, cfg: dict) -> None:
+    """What the pipeline checks once at its start, checked for a stage run by hand."""
+    from ratchet import tracking
+    from ratchet.device import resolve_backend
+    from ratchet.preflight import check_device
+
+    if stage not in NO_ENGINE:
+        check_device(cfg, resolve_backend(cfg["engine"]["backend"]))
+    if tracking.enabled():
+        from ratchet.tracking_store import check_store
+
+        check_store(tracking.tracking_uri(Path(cfg["results_dir"])))
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ratchet", description=__doc__.splitlines()[0])
-    parser.add_argument("stage", choices=sorted(STAGES), help="pipeline stage to run")
-    parser.add_argument("--config", help="YAML profile (default: config/config.yaml's defaults)")
-    # the Snakemake rules pass the validated config through the environment (RATCHET_CONFIG_JSON)
-    parser.add_argument("--config-from-env", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("overrides", nargs="*", metavar="key=value",
-                        help="override a config key, e.g. eval.num_problems=50")
-    args = parser.parse_intermixed_args(argv)  # overrides may come before or after --config
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_overview())
+        return 0
+    name = argv[0]
+    if name not in STAGES and name != "config":
+        print(f"ratchet: unknown stage {name!r}\n\n{_overview()}", file=sys.stderr)
+        return 2
+    args = _parser(name).parse_intermixed_args(argv[1:])  # overrides before or after --config
+    args.stage = name
     try:
-        if args.config_from_env:
-            cfg = config_mod.validate(config_mod.apply_overrides(
-                json.loads(os.environ[CONFIG_ENV]), args.overrides))
-        else:
-            cfg = config_mod.load(args.config, args.overrides)
-    except config_mod.ConfigError as e:
+        cfg = _config(args)
+        if args.stage == "config":
+            text = json.dumps(cfg, indent=2, sort_keys=True) + "\n"
+            if args.out:
+                from ratchet.atomic import write_text
+
+                write_text(Path(args.out), text)
+            else:
+                print(text, end="")
+            return 0
+        if getattr(args, "progress_fd", None) is not None:
+            from ratchet.progress import set_console_fd
+
+            set_console_fd(args.progress_fd)
+        if not args.config_from_env:
+            _preflight(args.stage, cfg)
+        run_stage(args.stage, cfg, by_hand=not args.config_from_env, force=args.force)
+    except InputError as e:  # bad config, data, model files, a missing input, the store: one line
         print(f"ratchet: {e}", file=sys.stderr)
         return 2
-    run_stage(args.stage, cfg)
     return 0
 
 

@@ -12,10 +12,12 @@ from typing import Any
 import jsonschema
 import yaml
 
+from ratchet.errors import InputError
+
 SCHEMA_PATH = Path(str(resources.files("ratchet") / "schemas" / "config.schema.yaml"))
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError):
     """A configuration problem, with the dotted key that causes it in the message."""
 
 
@@ -51,7 +53,7 @@ def validate(cfg: dict) -> dict:
     if not isinstance(cfg, dict):
         raise ConfigError(f"config: expected a mapping at the top level, got {type(cfg).__name__}")
     schema = load_schema()
-    cfg = copy.deepcopy(cfg)
+    cfg = coerce_strings(schema, copy.deepcopy(cfg))
     validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(cfg), key=lambda e: list(e.absolute_path))
     if errors:
@@ -62,6 +64,26 @@ def validate(cfg: dict) -> dict:
         raise ConfigError(_message(errors[0]))
     _check_consistency(cfg)
     return cfg
+
+
+def coerce_strings(schema: dict, value: Any) -> Any:
+    """Strings where the schema wants no string, parsed as YAML scalars or lists: Snakemake's
+    `--config 'train={"steps": 10}'` hands every nested value over as a string. A string that
+    does not parse to the wanted type stays a string, so validation names its key."""
+    types = schema.get("type")
+    types = [types] if isinstance(types, str) else list(types or [])
+    if isinstance(value, dict) and "properties" in schema:
+        return {k: coerce_strings(schema["properties"].get(k, {}), v) for k, v in value.items()}
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        return [coerce_strings(schema["items"], v) for v in value]
+    if isinstance(value, str) and types and "string" not in types:
+        try:
+            parsed = parse_value(value)
+        except yaml.YAMLError:
+            return value
+        if parsed is not None or "null" in types:
+            return coerce_strings(schema, parsed) if isinstance(parsed, (list, dict)) else parsed
+    return value
 
 
 def _check_consistency(cfg: dict) -> None:

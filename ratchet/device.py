@@ -7,6 +7,8 @@ import functools
 import importlib.util
 import platform
 
+from ratchet.errors import InputError
+
 
 @functools.cache
 def cuda_available() -> bool:
@@ -39,6 +41,6 @@ def resolve_backend(requested: str) -> str:
     if requested == "auto":
         return "cuda" if cuda_available() else "numpy"
     if requested == "cuda" and not cuda_available():
-        raise RuntimeError("config: engine.backend is 'cuda' but no CUDA GPU is usable through "
+        raise InputError("config: engine.backend is 'cuda' but no CUDA GPU is usable through "
                            "CuPy (install ratchet[cuda] on a GPU machine, or use 'auto'/'numpy')")
     return requested

@@ -24,6 +24,10 @@ class RunPaths:
     def mlflow_db(self) -> Path:
         return self.results_dir / "mlflow.db"
 
+    @property
+    def resolved_config(self) -> Path:
+        return self.root / "config.json"
+
     # download_model / download_data
     @property
     def source(self) -> Path:

@@ -35,28 +35,35 @@ def _duration(seconds: float) -> str:
 
 class Progress:
     """`update(done)` after each unit of work; prints `[label] k/N units (p%), rate, ETA` at most
-    every `every_s` seconds, and at the last unit. `start` units were done before (a resumed run)."""
+    every `every_s` seconds, and at the last unit. The rate is that of the last `window` units
+    (their own durations when given: a resumed run replays its earlier steps' rows at once)."""
 
-    def __init__(self, label: str, total: int, unit: str = "step", start: int = 0,
-                 every_s: float = 5.0, stream: TextIO | None = None, clock=time.monotonic):
+    def __init__(self, label: str, total: int, unit: str = "step", every_s: float = 5.0,
+                 window: int = 10, stream: TextIO | None = None, clock=time.monotonic):
         self.label, self.total, self.unit, self.every_s = label, total, unit, every_s
-        self.stream, self.clock, self.start_done = stream, clock, start
-        self.start_time = clock()
-        self.last: float | None = None
+        self.stream, self.clock, self.window = stream, clock, window
+        self.durations: list[float] = []
+        self.last_done, self.last_time = 0, clock()
+        self.printed: float | None = None
 
-    def update(self, done: int, note: str = "") -> str | None:
+    def update(self, done: int, note: str = "", unit_seconds: float | None = None) -> str | None:
         """The line printed, or None when it is too soon for another."""
         now = self.clock()
-        if done < self.total and self.last is not None and now - self.last < self.every_s:
+        if unit_seconds is not None:
+            self.durations.append(unit_seconds)
+        elif done > self.last_done:
+            self.durations += [(now - self.last_time) / (done - self.last_done)] * (done - self.last_done)
+        self.durations = self.durations[-self.window:]
+        self.last_done, self.last_time = done, now
+        if done < self.total and self.printed is not None and now - self.printed < self.every_s:
             return None
-        self.last = now
+        self.printed = now
         line = f"[{self.label}] {done}/{self.total} {self.unit}s ({100 * done / max(self.total, 1):.0f}%)"
-        elapsed, units = now - self.start_time, done - self.start_done
-        if units > 0 and elapsed > 0:
-            rate = units / elapsed
-            line += f", {rate:.2f} {self.unit}s/s" if rate >= 1 else f", {1 / rate:.1f} s/{self.unit}"
+        per_unit = sum(self.durations) / len(self.durations) if self.durations else 0.0
+        if per_unit > 0:
+            line += f", {1 / per_unit:.2f} {self.unit}s/s" if per_unit <= 1 else f", {per_unit:.1f} s/{self.unit}"
             if done < self.total:
-                line += f", ETA {_duration((self.total - done) / rate)}"
+                line += f", ETA {_duration((self.total - done) * per_unit)}"
         if note:
             line += f"  {note}"
         print(line, file=self.stream or console(), flush=True)

@@ -16,6 +16,11 @@ from importlib import metadata
 from pathlib import Path
 
 PIPELINE_ENV = "RATCHET_PIPELINE_ID"
+# MLflow's UI opens an experiment of this kind on its runs, not on the GenAI traces view
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+# a dead tracking server costs seconds, not MLflow's default minutes of retries
+HTTP_LIMITS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+               "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
 PACKAGES = ("ratchet", "torch", "numpy", "cupy-cuda13x", "cupy-cuda12x", "mlflow", "snakemake",
             "transformers", "safetensors", "datasets", "gguf")
 
@@ -97,7 +102,9 @@ def package_versions() -> dict[str, str]:
 
 
 def device_name() -> str:
-    from ratchet.device import describe  # local: cheap, but keeps this module import-light
+    from ratchet.device import (
+        describe,  # local: cheap, but keeps this module import-light
+    )
 
     return describe()
 
@@ -131,6 +138,8 @@ class StageRun:
             return self
         from mlflow.tracking import MlflowClient
 
+        for key, value in HTTP_LIMITS.items():
+            os.environ.setdefault(key, value)
         with store_lock(self.results_dir):
             self.client = MlflowClient(tracking_uri(self.results_dir))
             experiment_id = self._experiment_id()
@@ -204,12 +213,14 @@ class StageRun:
     def _experiment_id(self) -> str:
         name = self.cfg["tracking"]["experiment"]
         exp = self.client.get_experiment_by_name(name)
-        if exp is not None:
-            return exp.experiment_id
-        location = None
-        if "MLFLOW_TRACKING_URI" not in os.environ:  # keep artifacts beside the SQLite store
-            location = (self.results_dir.resolve() / "mlartifacts").as_uri()
-        return self.client.create_experiment(name, artifact_location=location)
+        if exp is None:
+            location = None
+            if "MLFLOW_TRACKING_URI" not in os.environ:  # keep artifacts beside the SQLite store
+                location = (self.results_dir.resolve() / "mlartifacts").as_uri()
+            exp = self.client.get_experiment(self.client.create_experiment(name, artifact_location=location))
+        if exp.tags.get(EXPERIMENT_KIND[0]) != EXPERIMENT_KIND[1]:
+            self.client.set_experiment_tag(exp.experiment_id, *EXPERIMENT_KIND)
+        return exp.experiment_id
 
     def _parent_run(self, experiment_id: str) -> str | None:
         pipeline_id = os.environ.get(PIPELINE_ENV)
@@ -228,15 +239,35 @@ class StageRun:
 
 
 def end_pipeline(results_dir: str | Path, status: str) -> None:
-    """Close the invocation's parent run, if a stage created one (Snakefile onsuccess/onerror)."""
+    """Close the invocation's parent run, if a stage created one (Snakefile onsuccess/onerror),
+    and any child a killed rule left RUNNING."""
     pipeline_id = os.environ.get(PIPELINE_ENV)
     results_dir = Path(results_dir)
     marker = results_dir / ".pipelines" / f"{pipeline_id}.json"
     if not (enabled() and pipeline_id and marker.is_file()):
         return
+    _close(results_dir, marker, status, "FAILED")
+
+
+def close_abandoned_pipelines(results_dir: str | Path, current: str | None) -> list[str]:
+    """Parent runs (and RUNNING children) of invocations that were killed before they could
+    close them: marked KILLED when the next pipeline starts. Returns their run ids."""
+    results_dir = Path(results_dir)
+    markers = [m for m in sorted((results_dir / ".pipelines").glob("*.json")) if m.stem != current]
+    if not (enabled() and markers):
+        return []
+    return [_close(results_dir, m, "KILLED", "KILLED") for m in markers]
+
+
+def _close(results_dir: Path, marker: Path, status: str, children_status: str) -> str:
     from mlflow.tracking import MlflowClient
 
+    from ratchet.tracking_store import close_running_children
+
+    run_id = json.loads(marker.read_text())["run_id"]
     with store_lock(results_dir):
         client = MlflowClient(tracking_uri(results_dir))
-        client.set_terminated(json.loads(marker.read_text())["run_id"], status)
+        close_running_children(client, run_id, children_status)
+        client.set_terminated(run_id, status)
     marker.unlink()
+    return run_id

@@ -14,10 +14,12 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from ratchet.errors import InputError
+
 OFF_HINT = "run without tracking: RATCHET_TRACKING=off"
 
 
-class TrackingStoreError(RuntimeError):
+class TrackingStoreError(InputError, RuntimeError):
     """The tracking store cannot be used; the message is one line for the user."""
 
 

@@ -17,7 +17,6 @@ the ablations measure it rather than assume it is zero.
 from __future__ import annotations
 
 
-
 def teacher_forced_logprobs(engine, prompts: list[list[int]], answers: list[list[int]],
                             temperature: float = 1.0, batch_size: int | None = None) -> list[list[float]]:
     """float log-probabilities of every answer token (a list per answer, empty for an empty

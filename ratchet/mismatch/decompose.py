@@ -34,7 +34,12 @@ def side_name(side, dtype: str) -> str:
 def measure_sources(policy, engine, prompts: list[list[int]], max_new_tokens: int, seed: int,
                     temperature: float = 1.0, eps: float = 0.2, exact_batch_size: int = 16) -> list[dict]:
     """Sync `engine` from the masters, sample, and measure every source on those tokens."""
-    from ratchet.mismatch.compare import engine_logprobs, exact_logprobs, sample, trainer_logprobs
+    from ratchet.mismatch.compare import (
+        engine_logprobs,
+        exact_logprobs,
+        sample,
+        trainer_logprobs,
+    )
     from ratchet.rl.sync import sync_weights
 
     dtype = engine.dtype

@@ -25,7 +25,12 @@ def fresh_gap(policy, engine, prompts: list[list[int]], max_new_tokens: int, see
     """Sync `engine` from the masters, sample one answer per prompt, and measure the gap to
     the trainer variant on those tokens (short column names); with `exact_batch_size`, to the
     engine's own teacher forcing in groups of that many answers (the exact fix)."""
-    from ratchet.mismatch.compare import engine_logprobs, exact_logprobs, sample, trainer_logprobs
+    from ratchet.mismatch.compare import (
+        engine_logprobs,
+        exact_logprobs,
+        sample,
+        trainer_logprobs,
+    )
     from ratchet.rl.sync import sync_weights
 
     sync_weights(engine, policy)

@@ -11,8 +11,9 @@ import math
 import numpy as np
 import pandas as pd
 
+from ratchet.rl import MODES as TRAIN_MODES
+
 NOT_RUN = "not run"
-TRAIN_MODES = ("colocated", "split")
 
 
 def fmt(x) -> str:

@@ -9,10 +9,23 @@ import time
 from ratchet.rl.checkpoint import load_checkpoint, save_checkpoint
 from ratchet.rl.comm import Comm, free_port, init_process_group
 from ratchet.rl.evaluate import Evaluator
-from ratchet.rl.job import (Job, find_resume, load_start, relog, restore_trainer, trainer_tensors,
-                            write_outputs)
+from ratchet.rl.job import (
+    Job,
+    find_resume,
+    load_start,
+    relog,
+    restore_trainer,
+    trainer_tensors,
+    write_outputs,
+)
 from ratchet.rl.rollout import Rollouts
-from ratchet.rl.runtime import Timer, Workers, configure_threads, set_determinism, worker_device
+from ratchet.rl.runtime import (
+    Timer,
+    Workers,
+    configure_threads,
+    set_determinism,
+    worker_device,
+)
 from ratchet.rl.sync import sync_weights
 from ratchet.rl.trace import rollout_digests, trace_row
 from ratchet.rl.update import grpo_step

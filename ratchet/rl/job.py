@@ -11,8 +11,14 @@ from pathlib import Path
 import torch
 
 from ratchet.atomic import write_json, write_parquet
-from ratchet.rl.checkpoint import (clean_temporaries, latest_checkpoint, load_optimizer, load_rng,
-                                   optimizer_tensors, rng_tensors)
+from ratchet.rl.checkpoint import (
+    clean_temporaries,
+    latest_checkpoint,
+    load_optimizer,
+    load_rng,
+    optimizer_tensors,
+    rng_tensors,
+)
 from ratchet.rl.settings import GRPOConfig
 from ratchet.rl.sync import engine_weights, sync_weights
 from ratchet.rl.task import Task

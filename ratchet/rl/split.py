@@ -11,8 +11,16 @@ import torch
 from ratchet.rl.checkpoint import load_checkpoint, save_checkpoint
 from ratchet.rl.comm import Comm, free_port, init_process_group, recv_json, send_json
 from ratchet.rl.evaluate import Evaluator
-from ratchet.rl.job import (Job, TrainerEngine, find_resume, load_start, relog, restore_trainer,
-                            trainer_tensors, write_outputs)
+from ratchet.rl.job import (
+    Job,
+    TrainerEngine,
+    find_resume,
+    load_start,
+    relog,
+    restore_trainer,
+    trainer_tensors,
+    write_outputs,
+)
 from ratchet.rl.rollout import Group, Rollouts
 from ratchet.rl.runtime import Timer, Workers, configure_threads, set_determinism
 from ratchet.rl.sync import WeightReceiver, WeightSender

@@ -1,6 +1,6 @@
 """One function per pipeline stage (one per Snakemake rule): the only code that touches MLflow
-and results/, so everything it calls runs in a test without them. `STAGES` names the config
-sections each reads; the rules pass them as params, so a change reruns exactly those stages."""
+and results/, so everything it calls runs in a test without them. The registry
+(`registry.STAGES`) says what each reads, writes and depends on."""
 
 from __future__ import annotations
 
@@ -9,47 +9,52 @@ import json
 import os
 import time
 import uuid
+from pathlib import Path
 
+from ratchet.stages.guard import (
+    check_inputs,
+    check_overwrite,
+    run_directory_lock,
+    write_stamp,
+)
+from ratchet.stages.registry import COMMON, STAGES, Stage, settings  # noqa: F401 (the package's API)
 from ratchet.tracking import PIPELINE_ENV, StageRun
 
 CONFIG_ENV = "RATCHET_CONFIG_JSON"
 
-# stage -> (module, config sections it reads besides run_name/seed/results_dir/tracking)
-STAGES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "download_model": ("ratchet.stages.download_model", ("model",)),
-    "download_data": ("ratchet.stages.download_data", ("data",)),
-    "convert_weights": ("ratchet.stages.convert_weights", ("model", "engine")),
-    "build_engine": ("ratchet.stages.build_engine", ("engine",)),
-    "eval_baseline": ("ratchet.stages.eval_baseline", ("data", "engine", "eval")),
-    "bench": ("ratchet.stages.bench", ("engine",)),
-    "ablate_decompose": ("ratchet.stages.ablate", ("data", "engine", "ablate")),
-    "ablate_fix": ("ratchet.stages.ablate", ("data", "engine", "eval", "ablate")),
-    "train_colocated": ("ratchet.stages.train", ("data", "engine", "eval", "train")),
-    "train_split": ("ratchet.stages.train", ("data", "engine", "eval", "train")),
-    "eval_after_colocated": ("ratchet.stages.train", ("data", "engine", "eval")),
-    "eval_after_split": ("ratchet.stages.train", ("data", "engine", "eval")),
-    "verify": ("ratchet.stages.verify", ("data", "engine", "eval", "train")),
-    "report": ("ratchet.stages.report", ("engine", "ablate")),
-}
-COMMON = ("run_name", "seed", "results_dir")
 
-
-def settings(stage: str, cfg: dict) -> dict:
-    """The part of the config a stage depends on."""
-    return {k: cfg[k] for k in COMMON + STAGES[stage][1]}
-
-
-def run_stage(stage: str, cfg: dict) -> None:
-    module = importlib.import_module(STAGES[stage][0])
+def run_stage(stage: str, cfg: dict, by_hand: bool = False, force: bool = False) -> None:
+    """Run one stage under its MLflow run. `by_hand`: not started by the pipeline, so its
+    inputs are checked, outputs made under other settings are kept unless `force`, and it
+    holds the run directory alone."""
+    if by_hand:
+        check_inputs(stage, cfg)
+        if not force:
+            check_overwrite(stage, cfg)
+    module = importlib.import_module(STAGES[stage].module)
     start = time.perf_counter()
-    with StageRun(stage, cfg) as run:
+    with run_directory_lock(cfg, exclusive=by_hand), StageRun(stage, cfg) as run:
         getattr(module, stage)(cfg, run)
         run.log_metrics({"time/stage_s": time.perf_counter() - start})
+        write_stamp(stage, cfg)
     print(f"[{stage}] done in {time.perf_counter() - start:.1f} s")
 
 
-def export_to_jobs(cfg: dict) -> None:
-    """Called by the Snakefile: the jobs it starts inherit the validated config and the id of
-    this invocation (whose MLflow parent run the first stage creates)."""
+def pipeline_id_file(cfg: dict) -> Path:
+    return Path(cfg["results_dir"]) / ".pipelines" / f"current-{cfg['run_name']}"
+
+
+def export_to_jobs(cfg: dict, main_process: bool = True) -> None:
+    """Called by the Snakefile: its jobs inherit the validated config and the id of this
+    invocation (its MLflow parent run). The main process writes the id to a file beside the
+    results, so that jobs a cluster starts in an empty environment find the same one."""
     os.environ[CONFIG_ENV] = json.dumps(cfg)
-    os.environ.setdefault(PIPELINE_ENV, uuid.uuid4().hex)
+    marker = pipeline_id_file(cfg)
+    if main_process:
+        os.environ.setdefault(PIPELINE_ENV, uuid.uuid4().hex)
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        tmp = marker.with_name(f".{marker.name}.tmp")
+        tmp.write_text(os.environ[PIPELINE_ENV])
+        os.replace(tmp, marker)
+    elif PIPELINE_ENV not in os.environ and marker.is_file():
+        os.environ[PIPELINE_ENV] = marker.read_text().strip()

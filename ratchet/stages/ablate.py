@@ -10,6 +10,7 @@ import numpy as np
 
 from ratchet.atomic import write_parquet
 from ratchet.paths import RunPaths
+from ratchet.progress import Progress
 from ratchet.rl.runtime import SMALL_MODEL_PARAMS
 
 
@@ -32,8 +33,8 @@ def make_setup(cfg: dict, with_eval: bool = False):
     import torch
 
     from ratchet.data.datasets_io import load_split
-    from ratchet.device import resolve_backend
     from ratchet.data.prompts import make_prompt_fn
+    from ratchet.device import resolve_backend
     from ratchet.mismatch.ablation import AblateSettings, Setup
     from ratchet.model.io import load_engine_model
     from ratchet.rl.task import Task
@@ -87,8 +88,10 @@ def ablate_decompose(cfg: dict, run) -> None:
     paths = RunPaths.from_config(cfg)
     setup, settings = make_setup(cfg)
     start = time.perf_counter()
+    progress = Progress("ablate_decompose", max(*settings.updates, settings.visibility_updates), unit="update")
 
     def log(updates, rows):
+        progress.update(updates)
         run.log_metrics({f"decompose/{r['engine_dtype']}/{r['source']}/{m}": r[m] for r in rows
                          for m in ("abs_diff_mean", "abs_diff_p99", "abs_diff_max",
                                    "ratio_outside_share")}, step=updates)
@@ -98,6 +101,7 @@ def ablate_decompose(cfg: dict, run) -> None:
                   f"max {r['abs_diff_max']:.2e}  outside {r['ratio_outside_share']:.4f}", flush=True)
 
     def log_visibility(update, rows):
+        progress.update(update)
         run.log_metrics({f"visibility/{r['dtype']}/{k}": r[k] for r in rows
                          for k in ("changed_share", "off_grid_share")}, step=update)
         print(f"[ablate_decompose] visibility, update {update:3d}  " + "  ".join(
@@ -119,9 +123,13 @@ def ablate_fix(cfg: dict, run) -> None:
     setup, settings = make_setup(cfg, with_eval=True)
     start = time.perf_counter()
 
+    progress = Progress("ablate_fix", len(settings.fix_runs) * settings.fix_steps)
+
     def log(name, step, row):
         run.log_metrics({f"fix/{name}/{k}": v for k, v in row.items()
                          if k not in ("run", "step") and np.isfinite(v)}, step=step)
+        progress.update(settings.fix_runs.index(name) * settings.fix_steps + step + 1,
+                        f"{name} reward {row['reward']:.3f}")
 
     steps, runs = fix_runs(setup, settings, log=log)
     print("[ablate_fix] after training:\n" + runs.to_string(index=False), flush=True)

@@ -9,8 +9,8 @@ import json
 from pathlib import Path
 
 from ratchet.paths import RunPaths
-
-MODES = ("colocated", "split")
+from ratchet.progress import Progress
+from ratchet.rl import MODES
 
 
 def make_job(cfg: dict, mode: str, out_dir: Path | None = None, **overrides):
@@ -61,7 +61,15 @@ def _train(cfg: dict, run, mode: str) -> None:
     g = job.grpo
     print(f"[train_{mode}] {g.steps} steps x {g.problems_per_step} problems x {g.group_size} answers, "
           f"lr {g.lr}, {job.backend} engine in {g.engine_dtype}, -> {job.out_dir}")
-    summary = run_mode(job, mode, log=run.log_metrics)
+    progress = Progress(f"train_{mode}", g.steps)
+
+    def log(metrics: dict, step: int) -> None:
+        run.log_metrics(metrics, step)
+        if "train/reward" in metrics:
+            progress.update(step + 1, f"reward {metrics['train/reward']:.3f}",
+                            unit_seconds=metrics.get("time/step_s"))
+
+    summary = run_mode(job, mode, log=log)
     run.set_tags({"train.mode": mode, "train.weights_sha256": summary["weights_sha256"],
                   "train.model_sha256": summary.get("model_sha256", "")})
     for path in (paths.train_metrics(mode), paths.train_trace(mode), paths.train_summary(mode),

@@ -2,6 +2,7 @@ import json
 import os
 import sys
 from shlex import quote as shlex_quote
+from shlex import split as shlex_split
 
 from snakemake.settings.types import DeploymentMethod
 from snakemake.utils import validate
@@ -9,16 +10,21 @@ from snakemake.utils import validate
 import ratchet.config
 from ratchet.device import resolve_backend
 from ratchet.preflight import check_device
+from ratchet.tracking_store import TrackingStoreError, check_store
 from ratchet.paths import RunPaths
 from ratchet.stages import export_to_jobs, settings
-from ratchet.tracking import end_pipeline, tracking_uri
+from ratchet.tracking import PIPELINE_ENV, close_abandoned_pipelines, end_pipeline, tracking_uri
 from ratchet.tracking import enabled as tracking_enabled
 
 # Fill defaults and reject unknown keys or wrong types with a message naming the key, before
 # any rule runs; then the standard schema check (a no-op on a config that passed). A GPU
 # profile on a machine without one stops here too. One line, no traceback.
+# `--config set='train.steps=10 eval.num_problems=50'`: dotted keys, which Snakemake's own
+# --config refuses; applied over the profile like the CLI's key=value overrides.
 try:
-    config.update(ratchet.config.validate(config))
+    resolved = ratchet.config.apply_overrides(config, shlex_split(str(config.pop("set", "") or "")))
+    config.clear()
+    config.update(ratchet.config.validate(resolved))
     check_device(config, resolve_backend(config["engine"]["backend"]))
 except (ValueError, RuntimeError) as e:  # ConfigError, InputError, resolve_backend's
     sys.exit(f"ratchet: {e}")
@@ -29,7 +35,17 @@ P = RunPaths.from_config(config)
 # The stages read the whole validated config from the environment the jobs inherit, and all
 # jobs of this invocation share one MLflow parent run. Each rule names the config sections it
 # depends on as params, so a change reruns exactly the stages it touches.
-export_to_jobs(config)
+MAIN = workflow.is_main_process and not workflow.dryrun
+export_to_jobs(config, main_process=MAIN)
+
+# The tracking store answers within seconds or the pipeline stops here with one line; parent
+# runs of earlier invocations that were killed (and their RUNNING rules) are marked KILLED.
+if MAIN and tracking_enabled():
+    try:
+        check_store(tracking_uri(P.results_dir))
+    except TrackingStoreError as e:
+        sys.exit(f"ratchet: {e}")
+    close_abandoned_pipelines(P.results_dir, current=os.environ.get(PIPELINE_ENV))
 
 
 def stage_settings(stage):
@@ -45,8 +61,9 @@ else:
 
 
 def ratchet_cmd(stage):
-    """The shell command of a rule: the stage, with its output going to the rule's log."""
-    return f"{PYTHON} -m ratchet {stage} --config-from-env > {{log:q}} 2>&1"
+    """The shell command of a rule: the stage, its output to the rule's log, its progress lines
+    to the console Snakemake runs in (fd 3, a copy of the job's stderr)."""
+    return f"{PYTHON} -m ratchet {stage} --config-from-env --progress-fd 3 3>&2 > {{log:q}} 2>&1"
 
 
 def where_to_look():

@@ -1,3 +1,19 @@
+# The config this invocation resolved (profile over the schema's defaults, then overrides):
+# not part of `all`; `snakemake resolved_config` writes it for a look.
+rule resolved_config:
+    output:
+        config=P.resolved_config,
+    params:
+        config=json.dumps(config, sort_keys=True),
+    localrule: True
+    conda:
+        "../envs/ratchet.yaml"
+    log:
+        P.log("resolved_config"),
+    shell:
+        f"{PYTHON} -m ratchet config --config-from-env --out {{output.config:q}} > {{log:q}} 2>&1"
+
+
 rule download_model:
     output:
         record=P.source_done,

@@ -55,7 +55,13 @@ from ratchet.engine.cuda.plan import SPLIT_K, SPLIT_K_MAX_ROWS, split_k
 from ratchet.engine.sampler import forced_rows, sampling_rows
 from ratchet.model.config import ModelConfig
 from ratchet.model.dtypes import fp32_to_bf16_bits
-from ratchet.model.layout import DTYPES, check_update, check_weights, expected_shapes, rope_tables
+from ratchet.model.layout import (
+    DTYPES,
+    check_update,
+    check_weights,
+    expected_shapes,
+    rope_tables,
+)
 
 PREFILL_CHUNK = 4096  # rows per prefill pass: bounds the activation buffers
 # int32 fields of a decode step's inputs (the graph reads them from the pinned buffer)

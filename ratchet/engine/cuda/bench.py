@@ -31,10 +31,9 @@ import time
 import traceback
 
 import cupy as cp
-
-from ratchet.engine.cuda.headline import headline
 import numpy as np
 
+from ratchet.engine.cuda.headline import headline
 from ratchet.model.config import ModelConfig
 from ratchet.model.layout import expected_shapes
 
@@ -408,9 +407,8 @@ def bench(batch: int = 64, big_batch: int = 512, prompt_len: int = 128, new_toke
           sections=("decode", "profile", "throughput", "profile_big", "engine", "hf", "sync", "sampler"),
           seed: int = 0) -> dict:
     """Each section's figures (or its error); see the module docstring."""
-    from ratchet.engine.cuda.backend import CudaBackend
-
     from ratchet.engine.cuda import launch
+    from ratchet.engine.cuda.backend import CudaBackend
 
     results: dict = {"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "dtype": dtype,
                      "programmatic_dependent_launch": launch.enabled()}

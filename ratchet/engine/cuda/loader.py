@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import os
-from importlib import resources
 import re
+from importlib import resources
 from pathlib import Path
 
 from ratchet.engine.cuda.plan import SPLIT_K

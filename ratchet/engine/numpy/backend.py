@@ -18,11 +18,23 @@ import numpy as np
 
 from ratchet.engine.backend import ReadyStep, fed_tokens, feed_rows
 from ratchet.engine.numpy.kv_cache import KVCache
-from ratchet.engine.numpy.layers import apply_rope, attention, linear, rms_norm, silu_mul
+from ratchet.engine.numpy.layers import (
+    apply_rope,
+    attention,
+    linear,
+    rms_norm,
+    silu_mul,
+)
 from ratchet.engine.sampler import sample
 from ratchet.model.config import ModelConfig
 from ratchet.model.dtypes import round_to
-from ratchet.model.layout import DTYPES, check_update, check_weights, expected_shapes, rope_tables
+from ratchet.model.layout import (
+    DTYPES,
+    check_update,
+    check_weights,
+    expected_shapes,
+    rope_tables,
+)
 
 STORAGE = {"fp32": np.float32, "fp16": np.float16, "bf16": np.float32}
 PREFILL_CHUNK = 64  # prompt tokens per forward pass: bounds the attention temporaries

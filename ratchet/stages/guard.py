@@ -1,0 +1,77 @@
+"""What keeps a stage run by hand from corrupting a pipeline's results: its inputs must exist
+(else the rule that makes them is named), it must not overwrite outputs made under other
+settings (unless forced), and no two processes write one run directory at once."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from ratchet.atomic import write_json
+from ratchet.errors import InputError, MissingInputError
+from ratchet.paths import RunPaths
+from ratchet.stages.registry import STAGES, producer, settings
+
+
+def _flat(d: dict, prefix: str = "") -> dict[str, object]:
+    out: dict[str, object] = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def stamp_path(paths: RunPaths, stage: str) -> Path:
+    return paths.root / ".stamps" / f"{stage}.json"
+
+
+def write_stamp(stage: str, cfg: dict) -> None:
+    """After a stage succeeds: the settings its outputs were made under."""
+    s = settings(stage, cfg)
+    digest = hashlib.sha256(json.dumps(s, sort_keys=True).encode()).hexdigest()
+    write_json(stamp_path(RunPaths.from_config(cfg), stage), {"settings_sha256": digest, "settings": s})
+
+
+def check_inputs(stage: str, cfg: dict) -> None:
+    paths = RunPaths.from_config(cfg)
+    missing = [p for p in STAGES[stage].reads(paths) if not p.exists()]
+    if missing:
+        rule = producer(missing[0], paths)
+        how = f"run `snakemake {rule}` (or `ratchet {rule}`) first" if rule else "it is made outside the pipeline"
+        raise MissingInputError(f"{stage}: input {missing[0]} does not exist; {how}")
+
+
+def check_overwrite(stage: str, cfg: dict) -> None:
+    """Refuse to replace outputs that were made under other settings; name the keys that differ."""
+    paths = RunPaths.from_config(cfg)
+    existing = [p for p in STAGES[stage].writes(paths) if p.exists()]
+    stamp = stamp_path(paths, stage)
+    if not existing or not stamp.is_file():
+        return
+    before, now = _flat(json.loads(stamp.read_text())["settings"]), _flat(settings(stage, cfg))
+    changed = sorted(k for k in before.keys() | now.keys() if before.get(k) != now.get(k))
+    if changed:
+        diff = ", ".join(f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in changed[:4])
+        raise InputError(f"{stage}: {existing[0]} was made under other settings ({diff}); "
+                         "rerun it through snakemake, write elsewhere (results_dir=...), or pass --force")
+
+
+@contextlib.contextmanager
+def run_directory_lock(cfg: dict, exclusive: bool):
+    """Pipeline jobs share the run directory (exclusive=False); a stage run by hand holds it
+    alone and is refused at once while anything else writes there."""
+    root = RunPaths.from_config(cfg).root
+    root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root / ".write.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise InputError(f"{root} is being written by another process (a pipeline, or a stage "
+                             "run by hand); wait for it, or write elsewhere (results_dir=...)") from None
+        yield
+    finally:
+        os.close(fd)

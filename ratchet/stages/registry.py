@@ -1,0 +1,88 @@
+"""Every pipeline stage: its module, the config sections it depends on, what it reads and
+writes. The Snakemake rules declare the same paths (a test compares them with a dry run), so
+a stage run by hand can name the rule that makes a missing input, and its help says what it
+touches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ratchet.paths import RunPaths
+from ratchet.rl import MODES
+
+COMMON = ("run_name", "seed", "results_dir")  # every stage depends on these
+
+
+@dataclass(frozen=True)
+class Stage:
+    module: str
+    sections: tuple[str, ...]  # config sections read besides COMMON (and tracking)
+    summary: str
+    reads: Callable[[RunPaths], list[Path]] = lambda p: []
+    writes: Callable[[RunPaths], list[Path]] = lambda p: []
+
+
+def _trained(mode: str) -> Callable[[RunPaths], list[Path]]:
+    return lambda p: [p.train_metrics(mode), p.train_trace(mode), p.train_summary(mode), p.train_manifest(mode)]
+
+
+def _prepared(p: RunPaths) -> list[Path]:
+    return [p.build, p.train_data, p.test_data]
+
+
+STAGES: dict[str, Stage] = {
+    "download_model": Stage("ratchet.stages.download_model", ("model",),
+                            "fetch or make the source model and record where it is",
+                            writes=lambda p: [p.source_done]),
+    "download_data": Stage("ratchet.stages.download_data", ("data",),
+                           "the task's train and test splits as parquet",
+                           writes=lambda p: [p.train_data, p.test_data]),
+    "convert_weights": Stage("ratchet.stages.convert_weights", ("model", "engine"),
+                             "the source model in the engine layout and dtype, with a manifest",
+                             reads=lambda p: [p.source_done], writes=lambda p: [p.manifest]),
+    "build_engine": Stage("ratchet.stages.build_engine", ("engine",),
+                          "pick the backend, compile and self-test the kernels, check engine against trainer",
+                          reads=lambda p: [p.manifest], writes=lambda p: [p.build]),
+    "eval_baseline": Stage("ratchet.stages.eval_baseline", ("data", "engine", "eval"),
+                           "greedy accuracy of the converted model on the test split",
+                           reads=lambda p: [p.build, p.test_data],
+                           writes=lambda p: [p.eval_json("baseline"), p.eval_answers("baseline")]),
+    "bench": Stage("ratchet.stages.bench", ("engine",),
+                   "the CUDA engine's speed beside its references (not part of `all`)",
+                   reads=lambda p: [p.build], writes=lambda p: [p.bench]),
+    "ablate_decompose": Stage("ratchet.stages.ablate", ("data", "engine", "ablate"),
+                              "the gap by source along one GRPO run, and the visibility of its updates",
+                              reads=_prepared,
+                              writes=lambda p: [p.decompose_table, p.decompose_figure,
+                                                p.visibility_table, p.visibility_figure]),
+    "ablate_fix": Stage("ratchet.stages.ablate", ("data", "engine", "eval", "ablate"),
+                        "GRPO with no correction, the fix, the exact fix, TIS and MIS from the same seeds",
+                        reads=_prepared, writes=lambda p: [p.fix_table, p.fix_steps, p.fix_figure]),
+    **{f"train_{m}": Stage("ratchet.stages.train", ("data", "engine", "eval", "train"),
+                           f"GRPO training, {m} mode (resumes from its newest checkpoint)",
+                           reads=_prepared, writes=_trained(m)) for m in MODES},
+    **{f"eval_after_{m}": Stage("ratchet.stages.train", ("data", "engine", "eval"),
+                                f"greedy accuracy of the {m} training's weights",
+                                reads=lambda p, m=m: [p.train_manifest(m), p.test_data],
+                                writes=lambda p, m=m: [p.eval_json(f"after_{m}"), p.eval_answers(f"after_{m}")])
+       for m in MODES},
+    "verify": Stage("ratchet.stages.verify", ("data", "engine", "eval", "train"),
+                    "rerun the first steps of each training mode and compare them bit for bit",
+                    reads=lambda p: [p.train_trace(m) for m in MODES], writes=lambda p: [p.verify_json]),
+    "report": Stage("ratchet.stages.report", ("engine", "ablate"),
+                    "every table and figure of the run, and the ablations' headline numbers",
+                    reads=lambda p: [p.eval_json("baseline"), p.decompose_table, p.visibility_table, p.fix_table],
+                    writes=lambda p: [p.report_summary, p.report_training_figure, p.ablate_summary]),
+}
+
+
+def settings(stage: str, cfg: dict) -> dict:
+    """The part of the config a stage depends on."""
+    return {k: cfg[k] for k in COMMON + STAGES[stage].sections}
+
+
+def producer(path: Path, paths: RunPaths) -> str | None:
+    """The stage that writes `path`, if any."""
+    return next((name for name, s in STAGES.items() if Path(path) in s.writes(paths)), None)

@@ -1,0 +1,125 @@
+"""The command line and the config as a user meets them: help per stage, overrides from
+Snakemake's --config, one resolved config inside and outside the pipeline, and a stage run
+by hand that cannot silently corrupt a pipeline's results."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ratchet import cli
+from ratchet.config import ConfigError, load, validate
+from ratchet.stages import STAGES
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RATCHET_", "MLFLOW_"))}
+    return {**env, "RATCHET_TRACKING": "off", **extra}
+
+
+def test_no_arguments_prints_the_stages_not_an_error(capsys):
+    assert cli.main([]) == 0
+    out = capsys.readouterr().out
+    assert "required" not in out and all(name in out for name in STAGES)
+
+
+def test_stage_help_says_what_it_reads_writes_and_depends_on(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["train_colocated", "--help"])
+    out = capsys.readouterr().out
+    assert "<results_dir>/<run_name>/engine/build.json" in out  # reads
+    assert "<results_dir>/<run_name>/train/colocated/metrics.parquet" in out  # writes
+    assert "data, engine, eval, train" in out  # config sections
+
+
+def test_an_unknown_stage_exits_2(capsys):
+    assert cli.main(["trian_colocated"]) == 2
+    assert "unknown stage 'trian_colocated'" in capsys.readouterr().err
+
+
+def test_nested_values_from_snakemake_are_coerced_by_the_schema():
+    cfg = validate({"train": {"steps": "10", "lr": "1e-4", "round_weights": "true", "betas": "[0.8, 0.9]",
+                              "split": {"ahead": "0"}}, "eval": {"num_problems": "null"}})
+    t = cfg["train"]
+    assert (t["steps"], t["lr"], t["round_weights"], t["betas"], t["split"]["ahead"]) == (10, 1e-4, True, [0.8, 0.9], 0)
+    assert cfg["eval"]["num_problems"] is None
+    with pytest.raises(ConfigError, match="train.steps"):
+        validate({"train": {"steps": "abc"}})
+    assert validate({"run_name": "12"})["run_name"] == "12"  # a string key stays a string
+
+
+def _snakemake_config(workdir: Path, *args: str) -> dict:
+    """The config a Snakemake invocation resolves, as its first job sees it."""
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"),
+                           "--directory", str(workdir), "--cores", "1", *args, "--", "resolved_config"],
+                          capture_output=True, text=True, env=_env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = next((workdir / "results").iterdir())
+    return json.loads((run / "config.json").read_text())
+
+
+@pytest.mark.parametrize("profile", ["config.yaml", "paper.yaml", "local.yaml"])
+def test_a_profile_resolves_the_same_inside_and_outside_the_pipeline(tmp_path, profile):
+    path = ROOT / "config" / profile
+    insist = [] if profile == "config.yaml" else ["engine.backend=numpy"]  # these profiles want a GPU
+    inside = _snakemake_config(tmp_path, "--configfile", str(path),
+                               *(["--config", f"set={' '.join(insist)}"] if insist else []))
+    assert inside == load(path, insist)
+
+
+def test_snakemake_overrides_nested_and_dotted(tmp_path):
+    inside = _snakemake_config(tmp_path, "--config", 'train={"steps": "10", "lr": "1e-4"}',
+                               "set=eval.num_problems=50 ablate.updates=[0,3]")
+    assert inside == load(ROOT / "config" / "config.yaml",
+                          ["train.steps=10", "train.lr=1e-4", "eval.num_problems=50", "ablate.updates=[0,3]"])
+
+
+def _ratchet(workdir: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ratchet", *args], capture_output=True, text=True,
+                          env=_env(), cwd=workdir, timeout=300)
+
+
+def test_a_stage_run_before_its_inputs_names_the_rule_that_makes_them(tmp_path):
+    proc = _ratchet(tmp_path, "convert_weights")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("ratchet: convert_weights: input results/tiny/source/source.json does not "
+                                   "exist; run `snakemake download_model` (or `ratchet download_model`) first")
+
+
+@pytest.mark.slow
+def test_a_hand_run_stage_does_not_overwrite_outputs_of_other_settings(tmp_path):
+    for stage in ("download_model", "download_data", "convert_weights", "build_engine", "eval_baseline"):
+        assert _ratchet(tmp_path, stage, "eval.num_problems=20").returncode == 0, stage
+    baseline = tmp_path / "results" / "tiny" / "eval" / "baseline.json"
+    before = baseline.read_bytes()
+    proc = _ratchet(tmp_path, "eval_baseline", "eval.num_problems=10")
+    assert proc.returncode == 2
+    assert "baseline.json was made under other settings (eval.num_problems: 20 -> 10)" in proc.stderr
+    assert baseline.read_bytes() == before
+    assert _ratchet(tmp_path, "eval_baseline", "eval.num_problems=20").returncode == 0  # same settings
+    assert _ratchet(tmp_path, "eval_baseline", "eval.num_problems=10", "--force").returncode == 0
+    assert json.loads(baseline.read_text())["n"] == 10
+
+
+def test_two_writers_of_one_run_directory_are_refused(tmp_path):
+    from ratchet.errors import InputError
+    from ratchet.stages.guard import run_directory_lock
+
+    cfg = validate({"results_dir": str(tmp_path)})
+    with run_directory_lock(cfg, exclusive=False), run_directory_lock(cfg, exclusive=False):
+        pass  # the pipeline's jobs share it
+    with run_directory_lock(cfg, exclusive=True):
+        with pytest.raises(InputError, match="is being written by another process"):
+            with run_directory_lock(cfg, exclusive=False):
+                pass
+    with run_directory_lock(cfg, exclusive=False):
+        with pytest.raises(InputError, match="is being written by another process"):
+            with run_directory_lock(cfg, exclusive=True):
+                pass

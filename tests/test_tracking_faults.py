@@ -1,0 +1,84 @@
+"""MLflow faults are bounded: a corrupt store or a dead server stops a pipeline (or a stage run
+by hand) within seconds with one line, and runs a killed process left RUNNING are closed the
+next time a pipeline starts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RATCHET_", "MLFLOW_"))}
+    return {**env, **extra}
+
+
+def _snakemake(workdir: Path, env: dict, *targets: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"),
+                           "--directory", str(workdir), "--cores", "1", "--", *targets],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+def _stage(workdir: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ratchet", *args], capture_output=True, text=True,
+                          env=env, cwd=workdir, timeout=300)
+
+
+@pytest.mark.parametrize("store", ["garbage", "dead server"])
+def test_a_bad_store_stops_within_seconds_with_one_line(tmp_path, store):
+    (tmp_path / "results").mkdir()
+    if store == "garbage":
+        (tmp_path / "results" / "mlflow.db").write_text("not a database\n" * 10)
+        env, named = _env(), "results/mlflow.db"
+    else:
+        env, named = _env(MLFLOW_TRACKING_URI="http://127.0.0.1:1"), "http://127.0.0.1:1"
+    for run in (lambda: _snakemake(tmp_path, env, "download_model"),
+                lambda: _stage(tmp_path, env, "download_model")):
+        start = time.monotonic()
+        proc = run()
+        assert time.monotonic() - start < 15
+        assert proc.returncode != 0
+        lines = [line for line in proc.stderr.splitlines() if line.startswith("ratchet:")]
+        assert len(lines) == 1 and named in lines[0] and "RATCHET_TRACKING=off" in lines[0], proc.stderr
+        assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "results" / "tiny" / "source" / "source.json").exists()
+
+
+KILLED_MID_RULE = """
+import os, sys
+from ratchet.config import validate
+from ratchet.stages import export_to_jobs
+from ratchet.tracking import StageRun
+cfg = validate({"results_dir": sys.argv[1]})
+export_to_jobs(cfg)
+run = StageRun("train_colocated", cfg).__enter__()
+print("RUN_ID", run.run_id, flush=True)
+os._exit(9)  # as a kill -9 mid-rule: no __exit__, no onerror
+"""
+
+
+def test_runs_left_running_by_a_killed_pipeline_are_closed_at_the_next_start(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    results = tmp_path / "results"
+    proc = subprocess.run([sys.executable, "-c", KILLED_MID_RULE, str(results)], capture_output=True,
+                          text=True, env=_env(), timeout=120)
+    child_id = next(line.split()[1] for line in proc.stdout.splitlines() if line.startswith("RUN_ID"))
+    client = MlflowClient(f"sqlite:///{results / 'mlflow.db'}")
+    child = client.get_run(child_id)
+    parent_id = child.data.tags["mlflow.parentRunId"]
+    assert child.info.status == "RUNNING" and client.get_run(parent_id).info.status == "RUNNING"
+
+    done = _snakemake(tmp_path, _env(), "download_model")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert client.get_run(child_id).info.status == "KILLED"
+    assert client.get_run(parent_id).info.status == "KILLED"
+    experiment = client.get_experiment(child.info.experiment_id)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # the UI opens on runs
