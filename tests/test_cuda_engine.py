@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ratchet.engine.sampling import SamplingBatch
 from ratchet.model.config import ModelConfig
 from ratchet.model.dtypes import round_to
 from ratchet.model.layout import expected_shapes
@@ -68,8 +69,9 @@ def test_sampler_tokens_equal_numpy(seed):
     idx = rng.integers(0, 4096, rows)
     temps = rng.uniform(0.2, 2.0, rows).astype(np.float32)
     greedy = rng.random(rows) < 0.25
-    want_t, want_lp = np_sampler.sample(logits, seeds, rids, idx, temps, greedy)
-    got_t, got_lp = gpu_sampler.sample(cp.asarray(logits), seeds, rids, idx, temps, greedy)
+    batch = SamplingBatch(seeds, rids, idx, temps, greedy)
+    want_t, want_lp = np_sampler.sample(logits, batch)
+    got_t, got_lp = gpu_sampler.sample(cp.asarray(logits), batch)
     np.testing.assert_array_equal(cp.asnumpy(got_t), want_t)
     d = np.abs(cp.asnumpy(got_lp) - want_lp)
     print(f"\nsampler seed {seed}: logprob max |d| {d.max():.3g}, mean {d.mean():.3g}")
@@ -115,8 +117,9 @@ def test_sampler_near_ties_and_masks_exact():
     greedy[6] = True
     temps[7], greedy[7] = 0.0, True
     logits[8] = np.float32(1e30) * np.sign(logits[8])  # huge logits
-    want_t, want_lp = np_sampler.sample(logits, seeds, rids, idx, temps, greedy)
-    got_t, got_lp = gpu_sampler.sample(cp.asarray(logits), seeds, rids, idx, temps, greedy)
+    batch = SamplingBatch(seeds, rids, idx, temps, greedy)
+    want_t, want_lp = np_sampler.sample(logits, batch)
+    got_t, got_lp = gpu_sampler.sample(cp.asarray(logits), batch)
     np.testing.assert_array_equal(cp.asnumpy(got_t), want_t)
     ok = np.isfinite(want_lp)
     np.testing.assert_allclose(cp.asnumpy(got_lp)[ok], want_lp[ok], atol=1e-5, rtol=1e-6)
@@ -225,12 +228,13 @@ def test_decode_sample_matches_host_sampler():
     tokens = [3, 4, 5]
     seeds, rids, idx = [1, 2, 3], [10, 11, 12], [0, 0, 0]
     temps, greedy = [1.0, 0.7, 0.0], [False, False, True]
+    batch = SamplingBatch(seeds, rids, idx, temps, greedy)
     logits = cuda.decode(slots, tokens, positions)
-    want_t, want_lp = np_sampler.sample(host(logits), seeds, rids, idx, temps, greedy)
-    got_t, got_lp = cuda.decode_sample(slots, tokens, positions, seeds, rids, idx, temps, greedy)  # rewrites the tail
+    want_t, want_lp = np_sampler.sample(host(logits), batch)
+    got_t, got_lp = cuda.decode_sample(slots, tokens, positions, batch)  # rewrites the tail
     np.testing.assert_array_equal(got_t, want_t)
     np.testing.assert_allclose(got_lp, want_lp, atol=1e-5)
-    t2, lp2 = cuda.sample(logits, seeds, rids, idx, temps, greedy)  # the protocol's path
+    t2, lp2 = cuda.sample(logits, batch)  # the protocol's path
     np.testing.assert_array_equal(t2, want_t)
     np.testing.assert_allclose(lp2, want_lp, atol=1e-5)
 
@@ -246,21 +250,21 @@ def test_forced_rows_give_the_drawn_logprob_on_gpu():
     slots = [0, 3, 5, 6]
     prompts = [rng.integers(0, cfg.vocab_size, n).tolist() for n in (7, 30, 64, 2)]
     cuda.prefill_batch(slots, prompts)
-    args = (slots, [1, 2, 3, 4], [len(p) for p in prompts], [5] * 4, [9, 8, 7, 6], [0] * 4,
-            [1.0, 0.6, 1.3, 0.0], [False, False, False, True])
-    drawn, drawn_lp = cuda.decode_sample(*args)
-    again, again_lp = cuda.decode_sample(*args, forced=drawn)  # the same step (rewrites the tail)
+    args = (slots, [1, 2, 3, 4], [len(p) for p in prompts])
+    rows = ([5] * 4, [9, 8, 7, 6], [0] * 4, [1.0, 0.6, 1.3, 0.0], [False, False, False, True])
+    drawn, drawn_lp = cuda.decode_sample(*args, SamplingBatch(*rows))
+    again, again_lp = cuda.decode_sample(*args, SamplingBatch(*rows, forced=drawn))  # the same step again
     np.testing.assert_array_equal(again, drawn)
     assert again_lp.tobytes() == drawn_lp.tobytes()
     other = (drawn + 1 + np.arange(4)) % cfg.vocab_size
     forced = np.where(np.arange(4) % 2 == 0, other, -1)
-    got, got_lp = cuda.decode_sample(*args, forced=forced)
+    got, got_lp = cuda.decode_sample(*args, SamplingBatch(*rows, forced=forced))
     np.testing.assert_array_equal(got, np.where(forced >= 0, forced, drawn))
     assert got_lp[1].tobytes() == drawn_lp[1].tobytes() and got_lp[3].tobytes() == drawn_lp[3].tobytes()
-    logits = host(cuda.decode(*args[:3]))
-    z = np_sampler.scaled_logits(logits, np.asarray(args[6], np.float32), np.asarray(args[7]))
+    logits = host(cuda.decode(*args))
+    z = np_sampler.scaled_logits(logits, np.asarray(rows[3], np.float32), np.asarray(rows[4]))
     np.testing.assert_allclose(got_lp, np_sampler.token_logprobs(z, got), atol=2e-5)
-    t2, lp2 = cuda.sample(logits, *args[3:], forced=forced)  # the standalone sampler (prefill's path)
+    t2, lp2 = cuda.sample(logits, SamplingBatch(*rows, forced=forced))  # the standalone sampler (prefill's path)
     np.testing.assert_array_equal(t2, got)
     assert lp2.tobytes() == got_lp.tobytes()
 
@@ -283,7 +287,7 @@ def _rollout(cuda, cfg, use_graphs=True, overlap=False):
     for step in range(20):
         active = slots[: 6 - step // 5]
         n = len(active)
-        args = (active, tokens[:n], positions[:n], [0] * n, active, [step] * n, [1.0] * n, [False] * n)
+        args = (active, tokens[:n], positions[:n], SamplingBatch([0] * n, active, [step] * n, [1.0] * n, [False] * n))
         if overlap:
             nxt = cuda.decode_sample_async(*args, feed=None if pending is None else list(range(n)))
             t, lp = pending.result() if pending is not None else (None, None)
@@ -398,7 +402,6 @@ def test_batch_invariant_engine_replays_its_rollouts_bit_for_bit(dtype):
     rollout log-probability bit for bit; the default engine is measured beside it."""
     from ratchet.engine.engine import Engine
     from ratchet.engine.request import Request
-    from ratchet.engine.score import teacher_forced_logprobs
     from test_score import max_gap
 
     cfg = ModelConfig(arch="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864, num_layers=4,
@@ -414,7 +417,7 @@ def test_batch_invariant_engine_replays_its_rollouts_bit_for_bit(dtype):
                         batch_invariant=invariant)
         reqs = engine.generate([Request(i, p, max_new_tokens=int(m), temperature=1.0, seed=11)
                                 for i, (p, m) in enumerate(zip(prompts, budgets))])
-        forced = teacher_forced_logprobs(engine, prompts, [r.output for r in reqs], 1.0, batch_size=7)
+        forced = engine.score(prompts, [r.output for r in reqs], 1.0, batch_size=7)
         gaps[invariant] = max_gap([r.logprobs for r in reqs], forced)
         del engine
     print(f"\n{dtype}: max |rollout - teacher forcing| batch-invariant {gaps[True]:.3g}, default {gaps[False]:.3g}")
@@ -446,7 +449,7 @@ def test_inplace_sync_bit_equal_to_reload(dtype):
         reloaded = CudaBackend(cfg, dtype, 4, 128)
         reloaded.load_weights({k: round_to(v.cpu().numpy(), dtype) for k, v in masters.items()})
         for name in expected_shapes(cfg):
-            a, b = synced.weight_buffer(name), reloaded.weight_buffer(name)
+            a, b = synced.weights[name], reloaded.weights[name]
             assert bool(cp.all(a.view(cp.uint16 if a.dtype != cp.float32 else cp.uint32)
                                == b.view(cp.uint16 if b.dtype != cp.float32 else cp.uint32))), (step, name)
         prompt = list(range(1, 40))
@@ -551,13 +554,14 @@ def test_engine_vs_trainer_qwen05_shapes(dtype, init):
     prompts = [rng.integers(0, cfg.vocab_size, prompt_len).tolist() for _ in range(batch)]
     slots = list(range(batch))
     first = engine.prefill_batch(slots, prompts, device=True)
-    tokens, logprobs = engine.sample(first, [0] * batch, slots, [0] * batch, [1.0] * batch, [False] * batch)
+    tokens, logprobs = engine.sample(first, SamplingBatch([0] * batch, slots, [0] * batch, [1.0] * batch,
+                                                          [False] * batch))
     responses = [[int(t)] for t in tokens]
     engine_lp = [[float(x)] for x in logprobs]
     for step in range(1, new):
         tokens, logprobs = engine.decode_sample(slots, [r[-1] for r in responses], [prompt_len + step - 1] * batch,
-                                                [0] * batch, slots, [step] * batch, [1.0] * batch,
-                                                [False] * batch)
+                                                SamplingBatch([0] * batch, slots, [step] * batch, [1.0] * batch,
+                                                              [False] * batch))
         for r, lp, t, x in zip(responses, engine_lp, tokens, logprobs):
             r.append(int(t))
             lp.append(float(x))

@@ -19,6 +19,7 @@ from ratchet.engine.numpy.backend import NumpyBackend
 from ratchet.engine.numpy.layers import KEY_BLOCK
 from ratchet.engine.request import Request
 from ratchet.engine.sampler import sample
+from ratchet.engine.sampling import SamplingBatch
 from ratchet.model.config import ModelConfig
 from ratchet.model.dtypes import round_to
 from ratchet.model.layout import rope_inv_freq
@@ -133,11 +134,11 @@ def test_decode_rows_do_not_depend_on_the_batch():
                            [len(seqs[s]) - 1 for s in (2, 0, 1)])  # rewrites the same positions
     for row, slot in enumerate((2, 0, 1)):
         np.testing.assert_array_equal(batch[row], alone[slot])
-    params = dict(seeds=[1, 2, 3], request_ids=[4, 5, 6], token_indices=[0, 7, 2],
-                  temperatures=[1.0, 0.5, 0.0], greedy=[False, False, True])
+    params = SamplingBatch(seeds=[1, 2, 3], request_ids=[4, 5, 6], token_indices=[0, 7, 2],
+                           temperatures=[1.0, 0.5, 0.0], greedy=[False, False, True])
     tokens, logprobs = backend.decode_sample([2, 0, 1], [seqs[s][-1] for s in (2, 0, 1)],
-                                             [len(seqs[s]) - 1 for s in (2, 0, 1)], **params)
-    want_tokens, want_logprobs = sample(batch, **params)
+                                             [len(seqs[s]) - 1 for s in (2, 0, 1)], params)
+    want_tokens, want_logprobs = sample(batch, params)
     np.testing.assert_array_equal(tokens, want_tokens)
     np.testing.assert_array_equal(logprobs, want_logprobs)
     firsts = backend.prefill_batch([3, 1], [seqs[0][:20], seqs[2][:5]])
@@ -339,32 +340,34 @@ def test_decode_feed_takes_the_previous_steps_tokens():
     backend.load_weights(model.weights)
     params = dict(seeds=[1, 2, 3], request_ids=[4, 5, 6], token_indices=[0, 0, 0],
                   temperatures=[1.0, 0.7, 1.0], greedy=[False, False, True])
+    first_row = SamplingBatch(**{k: v[:1] for k, v in params.items()})
     with pytest.raises(ValueError, match="no sampling step has run"):
-        backend.decode_sample_async([0], [1], [0], **{k: v[:1] for k, v in params.items()}, feed=[0])
+        backend.decode_sample_async([0], [1], [0], first_row, feed=[0])
     seqs = [prompt(70, 9), prompt(71, 4), prompt(72, 15)]
     for slot, toks in enumerate(seqs):
         backend.prefill(slot, toks[:-1], 0)
-    first = backend.decode_sample_async([0, 1, 2], [t[-1] for t in seqs], [len(t) - 1 for t in seqs], **params)
+    first = backend.decode_sample_async([0, 1, 2], [t[-1] for t in seqs], [len(t) - 1 for t in seqs],
+                                        SamplingBatch(**params))
     drawn = first.result()[0]
     # rows 2 and 0 go on, fed on the device; a new row (slot 3) brings its own token
     backend.prefill(3, [5, 6], 0)
-    two = dict(seeds=[3, 1, 9], request_ids=[6, 4, 7], token_indices=[1, 1, 0],
-               temperatures=[1.0, 1.0, 1.0], greedy=[True, False, False])
+    two = SamplingBatch(seeds=[3, 1, 9], request_ids=[6, 4, 7], token_indices=[1, 1, 0],
+                        temperatures=[1.0, 1.0, 1.0], greedy=[True, False, False])
     positions = [len(seqs[2]), len(seqs[0]), 2]
-    fed = backend.decode_sample_async([2, 0, 3], [-5, -5, 8], positions, **two, feed=[2, 0, -1]).result()
+    fed = backend.decode_sample_async([2, 0, 3], [-5, -5, 8], positions, two, feed=[2, 0, -1]).result()
 
     other = NumpyBackend(model.cfg, "fp16", max_batch_size=4, max_seq_len=128)
     other.load_weights(model.weights)
     for slot, toks in enumerate(seqs):
         other.prefill(slot, toks, 0)
     other.prefill(3, [5, 6], 0)
-    want = other.decode_sample([2, 0, 3], [drawn[2], drawn[0], 8], positions, **two)
+    want = other.decode_sample([2, 0, 3], [drawn[2], drawn[0], 8], positions, two)
     np.testing.assert_array_equal(fed[0], want[0])
     np.testing.assert_array_equal(fed[1], want[1])
     with pytest.raises(ValueError, match="feed row 3 is past the previous step's 3 rows"):
-        backend.decode_sample_async([0], [1], [0], **{k: v[:1] for k, v in params.items()}, feed=[3])
+        backend.decode_sample_async([0], [1], [0], first_row, feed=[3])
     with pytest.raises(ValueError, match="feed has 2 rows, tokens 1"):
-        backend.decode_sample_async([0], [1], [0], **{k: v[:1] for k, v in params.items()}, feed=[0, 1])
+        backend.decode_sample_async([0], [1], [0], first_row, feed=[0, 1])
 
 
 class CountingBackend:

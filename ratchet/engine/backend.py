@@ -1,4 +1,4 @@
-"""The backend protocol: what the engine asks of a model runner (NumPy now, CUDA later).
+"""The backend protocol: what the engine asks of a model runner (NumPy or CUDA).
 
 The engine owns scheduling and the sampling recipe; a backend owns the weights and the KV
 cache and runs the model. It never sees a Request, only slots, token ids and positions.
@@ -12,8 +12,10 @@ Contract
   `ratchet.model.layout.expected_shapes(cfg)`), float32 arrays on the dtype's grid. The
   backend copies them: later changes to the caller's arrays do not reach it.
 - `update_weights(weights)`: any subset of the names, shapes checked, written in place
-  (the CUDA backend keeps its buffers, so a weight sync allocates nothing). Drops every
-  cached state computed with the old weights: all slots are empty afterwards.
+  (the CUDA backend keeps its buffers, so a weight sync allocates nothing). Takes host
+  float32 arrays on the dtype's grid; the CUDA backend also takes float32 DLPack tensors
+  (torch CUDA tensors) on `weight_device`, rounded there. Drops every cached state computed
+  with the old weights: all slots are empty afterwards.
 - `prefill(slot, token_ids, start_pos) -> float32 [V]`: writes k, v of `token_ids` at
   positions start_pos .. start_pos + len - 1 of `slot` (positions below start_pos must hold
   this sequence already: start_pos > 0 appends) and returns the logits of the last
@@ -24,26 +26,29 @@ Contract
 - `decode(slots, tokens, positions) -> float32 [B, V]`: one token per slot (slots distinct),
   token b at position positions[b] (which must be <= that slot's cached length: it appends,
   or rewrites the tail); writes its k, v and returns the logits of every row.
-- `decode_sample(slots, tokens, positions, seeds, request_ids, token_indices, temperatures,
-  greedy) -> (tokens int64 [B], logprobs float32 [B])`: `decode`, then
-  `ratchet.engine.sampler.sample` on its logits. The engine decodes through this, so a GPU
-  backend samples where the logits are (B x 150k Philox draws a step are too many for
-  NumPy, and copying the logits back costs more than the tokens) with the same recipe.
-- `decode_sample_async(..., feed=None) -> step`: `decode_sample` launched, its result
-  (`step.result()`, the same pair) read later, so that the host can prepare and launch the
-  next step while the GPU runs this one. `feed` (optional, one int a row): where feed[b] >= 0,
-  row b's input token is the token the previous `decode_sample_async` / `decode_sample`
+- `prefill_sample(slots, token_lists, batch) -> (tokens int64 [n], logprobs float32 [n])`:
+  `prefill_batch` from position 0, then the sampler on each last position's logits, where
+  they are. `batch`: a `ratchet.engine.sampling.SamplingBatch`, one row a sequence.
+- `decode_sample(slots, tokens, positions, batch) -> (tokens int64 [B], logprobs float32 [B])`:
+  `decode`, then `ratchet.engine.sampler.sample` on its logits, bit for bit its tokens. The
+  engine decodes through this, so a GPU backend samples where the logits are (copying
+  [B, V] logits to the host costs more than the tokens).
+- `decode_sample_async(slots, tokens, positions, batch, feed=None) -> DecodeStep`:
+  `decode_sample` launched, its result (`step.result()`, the same pair) read later, so that
+  the host prepares the next step while the GPU runs this one. `feed` (optional, one int a
+  row): where feed[b] >= 0, row b's input token is the token the previous sampling step
   drew at its row feed[b], taken where it lies (on the GPU, without waiting for it), and
   tokens[b] is ignored. At most two launched steps may be unread; a third launch reads the
   oldest first. The engine overlaps its steps through this (`Engine(overlap=True)`).
-- `forced` (optional, one int a row, of `prefill_sample`, `decode_sample` and
-  `decode_sample_async`): where forced[b] >= 0, row b takes that token instead of drawing one,
-  and its log-probability is computed exactly as a drawn token's (teacher forcing, for
-  scoring given answers with the engine's own arithmetic: ratchet/engine/score.py).
+- A batch's forced rows (`SamplingBatch.forced`) take their given token instead of drawing
+  one, its log-probability computed exactly as a drawn token's (teacher forcing:
+  ratchet/engine/score.py).
 - `batch_invariant`: True when a row's logits are bit for bit independent of the batch it
   runs in and of whether its cache came from a prefill or decode steps. The NumPy backend
   always is; the CUDA backend is when built with `batch_invariant=True` (one decode bucket,
   prompts prefilled by decode steps).
+- `weight_device`: "cpu" (the NumPy backend) or "cuda:N" (the GPU the CUDA backend's
+  buffers live on): where `update_weights` takes tensors without a host copy.
 - `free(slot)`: the slot's cache is empty; the next prefill on it starts at 0.
 - `reset()`: every slot empty, and any other cached state (e.g. a prefix cache) dropped.
 
@@ -60,20 +65,22 @@ from typing import Mapping, Protocol, Sequence
 
 import numpy as np
 
+from ratchet.engine.sampling import SamplingBatch
 from ratchet.model.config import ModelConfig
-
-BACKENDS = ("numpy", "cuda")
-
 
 class Backend(Protocol):
     cfg: ModelConfig
     dtype: str
     max_batch_size: int
     max_seq_len: int
+    batch_invariant: bool
+    weight_device: str  # "cpu" or "cuda:N"
 
     def load_weights(self, weights: Mapping[str, np.ndarray]) -> None: ...
 
-    def update_weights(self, weights: Mapping[str, np.ndarray]) -> None: ...
+    def update_weights(self, weights: Mapping[str, object]) -> None:
+        """NumPy float32 arrays on the dtype grid, or (CUDA) DLPack tensors on weight_device."""
+        ...
 
     def prefill(self, slot: int, token_ids: Sequence[int], start_pos: int = 0) -> np.ndarray: ...
 
@@ -84,19 +91,13 @@ class Backend(Protocol):
                positions: Sequence[int]) -> np.ndarray: ...
 
     def prefill_sample(self, slots: Sequence[int], token_lists: Sequence[Sequence[int]],
-                       seeds, request_ids, token_indices, temperatures,
-                       greedy, forced=None) -> tuple[np.ndarray, np.ndarray]:
-        """`prefill_batch` from position 0, then the sampler on each last position's logits,
-        where they are (the GPU never ships [n, V] logits to the host)."""
-        ...
+                       batch: SamplingBatch) -> tuple[np.ndarray, np.ndarray]: ...
 
     def decode_sample(self, slots: Sequence[int], tokens: Sequence[int], positions: Sequence[int],
-                      seeds, request_ids, token_indices, temperatures,
-                      greedy, forced=None) -> tuple[np.ndarray, np.ndarray]: ...
+                      batch: SamplingBatch) -> tuple[np.ndarray, np.ndarray]: ...
 
     def decode_sample_async(self, slots: Sequence[int], tokens: Sequence[int], positions: Sequence[int],
-                            seeds, request_ids, token_indices, temperatures, greedy,
-                            feed: Sequence[int] | None = None, forced=None) -> "DecodeStep": ...
+                            batch: SamplingBatch, feed: Sequence[int] | None = None) -> "DecodeStep": ...
 
     def free(self, slot: int) -> None: ...
 
@@ -142,21 +143,3 @@ def feed_rows(feed, tokens, prev_rows: int) -> tuple[np.ndarray | None, np.ndarr
 def fed_tokens(feed: np.ndarray, tokens: np.ndarray, prev_tokens: np.ndarray) -> np.ndarray:
     """The rows' input tokens on the host: prev_tokens[feed] where fed, tokens elsewhere."""
     return np.where(feed >= 0, prev_tokens[np.maximum(feed, 0)], tokens)
-
-
-def make_backend(name: str, cfg: ModelConfig, dtype: str, max_batch_size: int,
-                 max_seq_len: int, batch_invariant: bool = False, device: int | None = None) -> Backend:
-    """The backend called `name`, empty (no weights yet); batch-invariant on request."""
-    if name == "numpy":
-        from ratchet.engine.numpy.backend import NumpyBackend
-
-        return NumpyBackend(cfg, dtype, max_batch_size, max_seq_len)
-    if name == "cuda":
-        try:
-            from ratchet.engine.cuda.backend import CudaBackend
-        except ImportError as e:
-            raise ImportError(f"the cuda backend cannot be loaded ({e}); it needs CuPy and a GPU "
-                              "(pip install 'ratchet[cuda]')") from e
-        return CudaBackend(cfg, dtype, max_batch_size, max_seq_len, batch_invariant=batch_invariant,
-                           device=device)
-    raise ValueError(f"unknown engine backend {name!r}; expected one of {BACKENDS}")

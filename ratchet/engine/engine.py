@@ -25,9 +25,11 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
-from ratchet.engine.backend import make_backend
+from ratchet.engine.factory import make_backend
 from ratchet.engine.request import Request
+from ratchet.engine.sampling import SamplingBatch
 from ratchet.engine.scheduler import Scheduler, Sequence
+from ratchet.engine.score import teacher_forced_logprobs
 
 
 @dataclass
@@ -163,8 +165,6 @@ class Engine:
               batch_size: int | None = None) -> list[list[float]]:
         """The log-probability of every given answer token by this engine's own arithmetic
         (teacher forcing, ratchet/engine/score.py); the engine must be idle."""
-        from ratchet.engine.score import teacher_forced_logprobs
-
         return teacher_forced_logprobs(self, prompts, answers, temperature, batch_size)
 
     @property
@@ -196,7 +196,7 @@ class Engine:
             return finished
         token_lists = [s.request.prompt + s.request.output for s in ready]
         tokens, logprobs = self.backend.prefill_sample([s.slot for s in ready], token_lists,
-                                                       **self._sampling_params(ready))
+                                                       self._sampling_batch(ready))
         for seq, ids in zip(ready, token_lists):
             seq.num_cached_tokens = len(ids)
             self.stats.num_prefill_tokens += len(ids)
@@ -212,7 +212,7 @@ class Engine:
             tokens, feed, ahead = [0] * len(seqs), [row[id(s)] for s in seqs], 1
         handle = self.backend.decode_sample_async(
             [s.slot for s in seqs], tokens, [s.num_cached_tokens for s in seqs],
-            **self._sampling_params(seqs, ahead), feed=feed)
+            self._sampling_batch(seqs, ahead), feed=feed)
         for seq in seqs:
             seq.num_cached_tokens += 1
         return _Launched(seqs, handle)
@@ -250,15 +250,15 @@ class Engine:
                 or request.num_tokens + ahead >= self.max_seq_len)
 
     @staticmethod
-    def _sampling_params(seqs: list[Sequence], ahead: int = 0) -> dict[str, list]:
+    def _sampling_batch(seqs: list[Sequence], ahead: int = 0) -> SamplingBatch:
         """`ahead`: tokens the sequences will have been given before this draw (a step
         launched before the previous one's tokens were appended)."""
         requests = [s.request for s in seqs]
-        return dict(seeds=[r.seed for r in requests],
-                    request_ids=[r.request_id for r in requests],
-                    token_indices=[len(r.output) + ahead for r in requests],  # resumed: same stream
-                    temperatures=[r.temperature for r in requests],
-                    greedy=[r.greedy for r in requests])
+        return SamplingBatch(seeds=[r.seed for r in requests],
+                             request_ids=[r.request_id for r in requests],
+                             token_indices=[len(r.output) + ahead for r in requests],  # resumed: same stream
+                             temperatures=[r.temperature for r in requests],
+                             greedy=[r.greedy for r in requests])
 
     def _append(self, seqs: list[Sequence], tokens: np.ndarray,
                 logprobs: np.ndarray) -> list[Request]:

@@ -52,7 +52,7 @@ from ratchet.engine.cuda import sampler as gpu_sampler
 from ratchet.engine.cuda import sync
 from ratchet.engine.cuda.ops import STORAGE, Ops, decode_split
 from ratchet.engine.cuda.plan import SPLIT_K, SPLIT_K_MAX_ROWS, split_k
-from ratchet.engine.sampler import forced_rows, sampling_rows
+from ratchet.engine.sampling import SamplingBatch
 from ratchet.model.config import ModelConfig
 from ratchet.model.dtypes import fp32_to_bf16_bits
 from ratchet.model.layout import DTYPES, check_update, check_weights, expected_shapes, rope_tables
@@ -404,8 +404,7 @@ class CudaBackend:
         self.lengths[slots] = positions + 1
         return self.dec.logits[:len(slots)]
 
-    def sample(self, logits, seeds, request_ids, token_indices, temperatures,
-               greedy, forced=None) -> tuple[np.ndarray, np.ndarray]:
+    def sample(self, logits, batch: SamplingBatch) -> tuple[np.ndarray, np.ndarray]:
         """ratchet.engine.sampler.sample on the GPU: (tokens int64 [B], logprobs float32 [B]) as
         NumPy arrays, the tokens bit for bit the NumPy sampler's for the same logits."""
         with self.stream:
@@ -413,35 +412,29 @@ class CudaBackend:
             if logits.ndim != 2 or logits.shape[1] != self.cfg.vocab_size:
                 raise ValueError(f"sample: logits of shape {logits.shape}, expected [B, {self.cfg.vocab_size}]")
             n = logits.shape[0]
-            temps, is_greedy = sampling_rows(temperatures, greedy, n)
+            batch.check(n, self.cfg.vocab_size)
             if not n:
                 return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
             logits = cp.ascontiguousarray(logits)
-            forced = forced_rows(forced, n, self.cfg.vocab_size)
-            params = cp.asarray(gpu_sampler.pack_params(seeds, request_ids, token_indices, temps, is_greedy,
-                                                        forced=forced))
+            params = cp.asarray(gpu_sampler.pack_params(batch))
             out = cp.empty((2, n), dtype=np.int32)
             gpu_sampler.launch(logits, params, out[0], out[1].view(np.float32), self.gumbel)
             host = out.get()
         return host[0].astype(np.int64), host[1].view(np.float32).copy()
 
-    def decode_sample(self, slots, tokens, positions, seeds, request_ids, token_indices, temperatures,
-                      greedy, forced=None) -> tuple[np.ndarray, np.ndarray]:
+    def decode_sample(self, slots, tokens, positions, batch: SamplingBatch) -> tuple[np.ndarray, np.ndarray]:
         """One decode step and the sampler on the GPU: (tokens int64 [B], logprobs float32 [B]),
         the NumPy sampler's tokens for these logits bit for bit."""
-        return self.decode_sample_async(slots, tokens, positions, seeds, request_ids, token_indices,
-                                        temperatures, greedy, forced=forced).result()
+        return self.decode_sample_async(slots, tokens, positions, batch).result()
 
-    def decode_sample_async(self, slots, tokens, positions, seeds, request_ids, token_indices, temperatures,
-                            greedy, feed=None, forced=None):
+    def decode_sample_async(self, slots, tokens, positions, batch: SamplingBatch, feed=None):
         """`decode_sample` launched: returns a step whose `result()` waits for it. With `feed`,
         rows take their input token from the previous sampling step's rows on the GPU."""
         prev = self._last_sample
         feed, tokens = feed_rows(feed, tokens, 0 if prev is None else prev.n)
         slots, tokens, positions = self._check_decode(slots, tokens, positions)
         n = len(slots)
-        temps, is_greedy = sampling_rows(temperatures, greedy, n, "decode_sample")
-        forced = forced_rows(forced, n, self.cfg.vocab_size, "decode_sample")
+        batch.check(n, self.cfg.vocab_size)
         if not n:
             return ReadyStep(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32))
         if feed is not None and self.use_graphs and (self._bucket(n), True, self._buf) not in self.graphs:
@@ -450,8 +443,7 @@ class CudaBackend:
             tokens = fed_tokens(feed, tokens, prev.result()[0])
             feed = None
         b, host, k = self._stage_decode(slots, tokens, positions, feed)
-        gpu_sampler.pack_params(seeds, request_ids, token_indices, temps, is_greedy, out=host[PARAMS:PARAMS + 5, :n],
-                                forced=forced)
+        gpu_sampler.pack_params(batch, out=host[PARAMS:PARAMS + 5, :n])
         self._run_decode(b, True, k)
         self.lengths[slots] = positions + 1
         step = self._out_owner[k] = self._last_sample = _CudaStep(self, n, k)
@@ -460,12 +452,11 @@ class CudaBackend:
     def _bucket(self, n: int) -> int:
         return next(x for x in self.buckets if x >= n)
 
-    def prefill_sample(self, slots, token_lists, seeds, request_ids, token_indices, temperatures,
-                       greedy, forced=None) -> tuple[np.ndarray, np.ndarray]:
+    def prefill_sample(self, slots, token_lists, batch: SamplingBatch) -> tuple[np.ndarray, np.ndarray]:
         """Prefill from position 0 and sample each sequence's next token where its logits
         are: only tokens and log-probabilities cross to the host."""
         logits = self.prefill_batch(slots, token_lists, device=True)
-        return self.sample(logits, seeds, request_ids, token_indices, temperatures, greedy, forced)
+        return self.sample(logits, batch)
 
     def prefill(self, slot: int, token_ids: Sequence[int], start_pos: int = 0, device: bool = False):
         """float32 logits [V] of the last position (NumPy; CuPy with device=True)."""

@@ -20,6 +20,7 @@ from ratchet.engine.cuda import sampler as gpu_sampler
 from ratchet.engine.cuda.ops import STORAGE, Ops, convert, decode_split
 from ratchet.engine.cuda.plan import SPLIT_K
 from ratchet.engine.numpy.layers import apply_rope, attention, rms_norm, silu_mul
+from ratchet.engine.sampling import SamplingBatch
 from ratchet.model.dtypes import bf16_bits_to_fp32, fp32_to_bf16_bits, round_to
 
 # relative-error tolerance per dtype for kernels whose fp32 sums may run in another order
@@ -314,9 +315,9 @@ def check_sampler(rng, rows: int = 16, vocab: int = 151936) -> dict:
     greedy = np.zeros(rows, dtype=bool)
     greedy[[1, 3]] = True
     temperatures[1] = 0.0
-    ref_tokens, ref_logprobs = np_sampler.sample(logits, seeds, request_ids, token_indices, temperatures, greedy)
-    tokens, logprobs = gpu_sampler.sample(cp.asarray(logits), seeds, request_ids, token_indices, temperatures,
-                                          greedy)
+    batch = SamplingBatch(seeds, request_ids, token_indices, temperatures, greedy)
+    ref_tokens, ref_logprobs = np_sampler.sample(logits, batch)
+    tokens, logprobs = gpu_sampler.sample(cp.asarray(logits), batch)
     same = compare(cp.asnumpy(tokens).astype(np.float64), ref_tokens.astype(np.float64), 0, exact=True)
     lp = compare(cp.asnumpy(logprobs), ref_logprobs, 1e-6)
     lp["max_err"] = max(lp["max_err"], same["max_err"])

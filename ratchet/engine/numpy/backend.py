@@ -20,6 +20,7 @@ from ratchet.engine.backend import ReadyStep, fed_tokens, feed_rows
 from ratchet.engine.numpy.kv_cache import KVCache
 from ratchet.engine.numpy.layers import apply_rope, attention, linear, rms_norm, silu_mul
 from ratchet.engine.sampler import sample
+from ratchet.engine.sampling import SamplingBatch
 from ratchet.model.config import ModelConfig
 from ratchet.model.dtypes import round_to
 from ratchet.model.layout import DTYPES, check_update, check_weights, expected_shapes, rope_tables
@@ -92,25 +93,19 @@ class NumpyBackend:
         return np.stack([self.prefill(slot, ids, start)
                          for slot, ids, start in zip(slots, token_lists, starts)])
 
-    def prefill_sample(self, slots, token_lists, seeds, request_ids, token_indices,
-                       temperatures, greedy, forced=None) -> tuple[np.ndarray, np.ndarray]:
-        return sample(self.prefill_batch(slots, token_lists), seeds, request_ids, token_indices,
-                      temperatures, greedy, forced)
+    def prefill_sample(self, slots, token_lists, batch: SamplingBatch) -> tuple[np.ndarray, np.ndarray]:
+        return sample(self.prefill_batch(slots, token_lists), batch)
 
-    def decode_sample(self, slots, tokens, positions, seeds, request_ids, token_indices,
-                      temperatures, greedy, forced=None) -> tuple[np.ndarray, np.ndarray]:
-        return self.decode_sample_async(slots, tokens, positions, seeds, request_ids, token_indices,
-                                        temperatures, greedy, forced=forced).result()
+    def decode_sample(self, slots, tokens, positions, batch: SamplingBatch) -> tuple[np.ndarray, np.ndarray]:
+        return self.decode_sample_async(slots, tokens, positions, batch).result()
 
-    def decode_sample_async(self, slots, tokens, positions, seeds, request_ids, token_indices,
-                            temperatures, greedy, feed=None, forced=None) -> ReadyStep:
+    def decode_sample_async(self, slots, tokens, positions, batch: SamplingBatch, feed=None) -> ReadyStep:
         """Computed at once (the CPU has nothing to overlap); `feed` as the protocol says."""
         prev = self._last_tokens
         feed, tokens = feed_rows(feed, tokens, 0 if prev is None else len(prev))
         if feed is not None:
             tokens = fed_tokens(feed, tokens, prev)
-        out = sample(self.decode(slots, tokens, positions), seeds, request_ids, token_indices,
-                     temperatures, greedy, forced)
+        out = sample(self.decode(slots, tokens, positions), batch)
         self._last_tokens = out[0]
         return ReadyStep(*out)
 
