@@ -229,10 +229,6 @@ class CudaBackend:
                                        w[p + "w_down.weight"], nxt))
         self.head = w.get("lm_head.weight", w["embed.weight"])
 
-    def weight_buffer(self, name: str) -> cp.ndarray:
-        """The engine's own buffer of one tensor (fp16 / bf16 bit patterns / fp32)."""
-        return self.weights[name]
-
     # ---------------------------------------------------------------- cache
 
     def free(self, slot: int) -> None:
@@ -448,6 +444,19 @@ class CudaBackend:
         self.lengths[slots] = positions + 1
         step = self._out_owner[k] = self._last_sample = _CudaStep(self, n, k)
         return step
+
+    def replay_decode(self, rows: int) -> bool:
+        """The decode step (with the sampler) of the bucket that holds `rows`, run again on
+        buffer pair 0's staged inputs, neither staged nor waited for: a step's GPU time alone
+        (benchmarks). True when it ran as a captured graph."""
+        b = self._bucket(rows)
+        graph = self._graph(b, True, 0)
+        if graph is not None:
+            graph.launch(self.stream)
+        else:
+            with self.stream:
+                self._decode_body(b, True, 0)
+        return graph is not None
 
     def _bucket(self, n: int) -> int:
         return next(x for x in self.buckets if x >= n)
