@@ -84,18 +84,18 @@ def check_embedding(ops: Ops, rng) -> dict:
 
 def check_staging(ops: Ops, rng) -> dict:
     """copy_rows between mapped pinned host memory and the GPU, pitches and a column subset."""
-    from ratchet.engine.cuda.backend import _mapped
+    from ratchet.engine.cuda.staging import mapped
 
     rows, pitch, cols = 10, 96, 37
     pinned = cp.cuda.alloc_pinned_memory(rows * pitch * 4)
     host = np.frombuffer(pinned, np.int32, rows * pitch).reshape(rows, pitch)
     host[:] = rng.integers(-2**31, 2**31, (rows, pitch), dtype=np.int64).astype(np.int32)
     dev = cp.full((rows, pitch + 5), -7, dtype=np.int32)
-    ops.copy_rows(_mapped(pinned.ptr), pitch, dev, pitch + 5, rows, cols)
+    ops.copy_rows(mapped(pinned.ptr), pitch, dev, pitch + 5, rows, cols)
     back_pinned = cp.cuda.alloc_pinned_memory(rows * pitch * 4)
     back = np.frombuffer(back_pinned, np.int32, rows * pitch).reshape(rows, pitch)
     back[:] = 3
-    ops.copy_rows(dev, pitch + 5, _mapped(back_pinned.ptr), pitch, rows, cols)
+    ops.copy_rows(dev, pitch + 5, mapped(back_pinned.ptr), pitch, rows, cols)
     cp.cuda.runtime.deviceSynchronize()
     got = cp.asnumpy(dev)
     want = np.full((rows, pitch + 5), -7, dtype=np.int32)
