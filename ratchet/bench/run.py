@@ -1,15 +1,7 @@
-"""The one-GPU benchmark, section by section, on Qwen2.5-0.5B shapes with random weights:
-
-- decode: ms per step at B=64 (128-token prompts, 256 new tokens, sampled on the GPU),
-  overlapped as the engine runs it and plain, the graph replay alone, and the memory
-  bandwidth that implies (weights + KV cache read once per step);
-- profile, profile_big: the kernels of one step at B=64 and B=512;
-- throughput: tokens/s at B=512 (packed prefill, then 256 decode steps);
-- engine: the same decode through `Engine`; hf: transformers `generate` beside it;
-- sync: in-place weight sync against save-and-reload; sampler: ours against sort-based top-p.
-
-Medians after warm-up. `python -m ratchet.bench --out bench.json`.
-"""
+"""The one-GPU benchmark on Qwen2.5-0.5B shapes with random weights, section by section (one
+broken section does not hide the others): decode (B = 64: overlapped as the engine runs it,
+plain, graph replay), profile and profile_big (kernels of a B = 64 / 512 step), throughput
+(B = 512), engine, hf (transformers beside it), sync, sampler. Medians after warm-up."""
 
 from __future__ import annotations
 

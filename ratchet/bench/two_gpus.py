@@ -1,15 +1,7 @@
-"""The split mode's weight sync across two GPUs, measured and checked bit for bit.
-
-    python -m ratchet.bench.two_gpus --out sync.json          # needs two GPUs
-
-Rank 0 is a trainer on GPU 0 holding fp32 masters at Qwen2.5-0.5B shapes (random weights);
-rank 1 is a CUDA engine on GPU 1. Each sync is what `ratchet/rl/split.py` does after an
-update: `WeightSender.send` broadcasts the masters as one flat fp32 buffer over NCCL,
-`WeightReceiver.receive_into` rounds it into the engine's buffers on its GPU. Reported:
-the broadcast alone and the whole sync (broadcast + rounding into the engine), medians over
-`--repeats` after two warm-ups; then the engine's fp16 buffers are compared with the
-trainer's last masters rounded by torch (they must be equal, bit for bit).
-"""
+"""The split mode's weight sync across two GPUs, timed and checked bit for bit: a trainer on
+GPU 0 broadcasts fp32 masters over NCCL (`WeightSender`), a CUDA engine on GPU 1 rounds them
+into its buffers (`WeightReceiver`), as rl/split.py does after an update; the engine's fp16
+buffers must equal the masters rounded by torch. `python -m ratchet.bench.two_gpus --out sync.json`."""
 
 from __future__ import annotations
 

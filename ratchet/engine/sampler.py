@@ -1,25 +1,13 @@
-"""Token sampling: Gumbel-max over logits / T with counter-based noise, and the token's logprob.
+"""Token sampling: Gumbel-max over logits / T with counter-based noise, which draws exactly
+from softmax(z) without a sort, each row reading only its own logits and noise, so a token
+never depends on the batch. The recipe (the CUDA sampler's too):
 
-    z      = logits / T                                  float32 division, T as float32
-                                                         (T = 1 when greedy with temperature 0)
-    g      = float32(-log(-log(u)))                      evaluated in float64, u from
-                                                         rng.uniforms_batch
-    token  = argmax(z + g)            (sampled)          first index on ties
-             argmax(logits)           (greedy)
-             forced[b]                (teacher forcing: where forced[b] >= 0)
-    logprob = (z[token] - max z) - log(sum(exp(z - max z)))
-
-Gumbel-max draws exactly from softmax(z) without sorting the vocabulary or a cumulative sum,
-and every row only reads its own logits and its own (seed, request_id, token_index) noise,
-so a token never depends on the rest of the batch.
-
-Teacher forcing (`forced`): a row given a token takes it instead of drawing one, and gets its
-log-probability by the same arithmetic as a drawn token: scoring a sampled answer token by
-token this way gives the very bits the sampler returned when it drew it (ratchet/engine/score.py).
-
-Precision of the logprob: exp(z - max z) is evaluated in float32, its sum is accumulated in
-float64 (vocabularies of 150k terms lose digits in a float32 sum), and the final
-subtraction is done in float64 and rounded once to float32.
+    z       = logits / T                     float32; T = 1 where greedy with T = 0
+    g       = float32(-log(-log(u)))         in float64, u from rng.uniforms_batch
+    token   = argmax(z + g)                  sampled (first index on ties)
+              argmax(logits)                 greedy
+              forced[b]                      teacher forcing, where forced[b] >= 0
+    logprob = (z[token] - max z) - log(sum(exp(z - max z)))   exp in float32, sum in float64
 """
 
 from __future__ import annotations
@@ -31,11 +19,9 @@ from ratchet.engine.sampling import SamplingBatch
 
 
 def gumbel_noise(u: np.ndarray) -> np.ndarray:
-    """Gumbel noise in float32, computed in float64 and rounded once.
-
-    NumPy's float32 log is not correctly rounded and its last bit depends on the CPU's vector
-    instructions; in float64 the error sits far below float32's rounding step, so the rounded
-    noise is the same on every machine (and the CUDA sampler's table of it is too)."""
+    """Gumbel noise computed in float64 and rounded once to float32: NumPy's float32 log is
+    not correctly rounded (its last bit follows the CPU's vector instructions), so this makes
+    the noise, and the CUDA sampler's table of it, the same on every machine."""
     u = np.asarray(u, dtype=np.float64)
     return (-np.log(-np.log(u))).astype(np.float32)
 

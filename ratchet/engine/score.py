@@ -1,8 +1,6 @@
 """Teacher forcing, `Engine.score`: the log-probability of given answers by the engine's own
-kernels, as its sampler computed them when it drew the tokens (the "exact" fix of the
-ablations). On a batch-invariant engine the replay gives the rollout's very bits however
-the answers are grouped; elsewhere the tests and the ablations measure what is left.
-"""
+kernels, as its sampler computed them when it drew the tokens (the ablations' "exact" fix);
+on a batch-invariant engine, the rollout's very bits however the answers are grouped."""
 
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
-"""The CUDA backend: the model on one GPU through CuPy, cuBLAS and kernels/*.cu, with the
-NumPy backend's numbers up to fp32 summation order (weights, KV cache and stored activations
-in the engine dtype, fp32 accumulation, no TF32). This class ties the pieces together:
-staging.py (pinned step buffers), graphs.py (captured steps), forward.py (the layer loop),
-prefill.py (packed passes, prefill by decode steps); the figures are in docs/KERNELS.md.
-
-Its rows' last bits may follow the decode bucket (cuBLAS picks kernels by shape): it is
-deterministic run to run, and batch-invariant with `batch_invariant=True` (one bucket, and
-prompts prefilled by decode steps), the mode teacher forcing relies on.
-"""
+"""The CUDA backend, tying together staging.py (pinned step buffers), graphs.py (captured
+steps), forward.py (the layer loop) and prefill.py: the NumPy backend's numbers up to fp32
+summation order, deterministic run to run, and batch-invariant on request (one decode
+bucket, prompts prefilled by decode steps), the mode teacher forcing relies on."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""Launchers for the kernels in `kernels/*.cu` and the matrix products (cublas.py).
-
-Each launcher checks the shapes, dtypes and contiguity of its arguments before it starts a
-kernel (a wrong stride on the GPU is a silent wrong answer), and launches on CuPy's current
-stream, so a caller inside `with stream:` (or a stream capture) gets everything in order.
-Scalars go to kernels as NumPy scalars of the exact C type (CuPy passes a Python int as 64
-bits).
-"""
+"""Launchers for the kernels in `kernels/*.cu` and the matrix products (cublas.py). Each checks
+its arguments' shapes, dtypes and contiguity first (a wrong stride on the GPU is a silent
+wrong answer) and launches on CuPy's current stream; scalars go as NumPy scalars of the
+kernel's C type (CuPy passes a Python int as 64 bits)."""
 
 from __future__ import annotations
 

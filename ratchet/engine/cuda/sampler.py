@@ -1,15 +1,7 @@
-"""The sampler on the GPU: `kernels/sampler.cu`, one pass over the vocabulary, each row cut
-into NCHUNKS blocks (a fixed number, so nothing depends on the batch) and merged by the
-row's last block to finish: one launch.
-
-Tokens are the NumPy sampler's (ratchet/engine/sampler.py) bit for bit: the same Philox
-stream, and the Gumbel noise read from a table of the reference's own `gumbel_noise` over all
-2**UNIFORM_BITS uniforms it can draw (32 MiB on the GPU, built once per process), so the
-noise does not depend on how the host's or the GPU's float32 log rounds. The table is read
-only for the few positions whose approximate key (noise from the GPU's logs) comes within a
-margin of the best: the others cannot win (kernels/sampler.cu). Log-probabilities
-agree to float32 rounding (online log-sum-exp, fp32 exponentials summed in fp64).
-"""
+"""The sampler on the GPU (kernels/sampler.cu): one launch, each row cut into a fixed number
+of blocks, giving the NumPy sampler's tokens bit for bit. The Gumbel noise of a near-winning
+position is read from a table of the reference's own `gumbel_noise` over every uniform the
+RNG can draw, so the GPU's float32 log never decides a token; logprobs agree to fp32 rounding."""
 
 from __future__ import annotations
 

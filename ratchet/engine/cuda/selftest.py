@@ -1,14 +1,7 @@
-"""Every CUDA kernel against a NumPy reference on fresh random inputs.
-
-`selftest()` returns {kernel: {"max_err", "mean_err", "rel_err", "tol", "ok"}, ..., "ok": bool,
-"passed": bool (the same)} and raises RuntimeError when a kernel misses its tolerance (unless
-`raise_on_fail=False`). Pass the model's dtype and attention shape:
-`selftest(dtype, shapes=((cfg.head_dim, cfg.num_heads, cfg.num_kv_heads),))`.
-The references are the NumPy backend's own layers (ratchet/engine/numpy/layers.py) and
-sampler, with activations rounded to the engine dtype where the kernels store them; rel_err
-is ||out - ref|| / ||ref||. Exact kernels (embedding, the residual add, the KV-cache write,
-the conversion, the sampler's tokens) must match bit for bit.
-"""
+"""Every CUDA kernel against the NumPy backend's layers and sampler on fresh random inputs
+(activations rounded where the kernels store them; exact kernels bit for bit): `selftest()`
+returns {kernel: {"max_err", "mean_err", "rel_err", "tol", "ok"}, "ok", "passed"} and raises
+on a miss unless `raise_on_fail=False`."""
 
 from __future__ import annotations
 

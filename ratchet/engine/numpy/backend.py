@@ -1,14 +1,6 @@
-"""The NumPy reference backend: the model forward in float32 with the engine dtype's storage.
-
-Weights are held in the engine dtype (fp16 as np.float16; bf16 as float32 arrays of
-bf16-rounded values; fp32 as float32) and widened to float32 for each product. Activations
-are rounded to the engine dtype wherever a CUDA fp16/bf16 engine stores them to memory
-(`_store`): embedding output, residual stream after each add, norm outputs, q/k/v after
-bias and again after RoPE (the KV cache holds them in the engine dtype), attention output,
-wo output, gate/up outputs, the SwiGLU product, w_down output. Logits stay float32.
-
-Slow but exact: see layers.py for why every row's result is independent of the batch.
-"""
+"""The NumPy reference backend: the model in float32 over weights held in the engine dtype,
+with activations rounded to it wherever a CUDA kernel stores them (`_store`), so the two
+backends differ only in summation order. Slow but exact, and batch-invariant (layers.py)."""
 
 from __future__ import annotations
 
