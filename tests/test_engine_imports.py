@@ -108,3 +108,9 @@ def forbidden_import_chains(start: Path = ENGINE) -> list[list[str]]:
 def test_no_import_in_the_engine_reaches_torch():
     chains = forbidden_import_chains()
     assert not chains, "\n".join(" -> ".join(c) for c in chains)
+
+
+def test_engine_imports_no_torch():
+    code = ("import sys, ratchet.engine.engine, ratchet.engine.numpy.backend; "
+            "assert 'torch' not in sys.modules, 'torch was imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -9,9 +9,9 @@ import cupy as cp
 import numpy as np
 
 from ratchet.engine.cuda import loader
+from ratchet.engine.cuda.ops import STORAGE
 
-STORAGE = {"fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16), "bf16": np.dtype(np.uint16)}
-BUFFER_DTYPES = {v: k for k, v in STORAGE.items()}
+BUFFER_DTYPES = {np.dtype(v): k for k, v in STORAGE.items()}  # a buffer's dtype -> its engine dtype
 MODES = {"fp16": 0, "bf16": 1, "fp32": 2}
 CHUNK = 8192  # kernels/convert.cu CONVERT_CHUNK
 BLOCK = 256

@@ -17,7 +17,7 @@ from ratchet.model.config import ModelConfig
 from ratchet.model.dtypes import round_to
 from ratchet.model.layout import DTYPES, check_update, check_weights, expected_shapes, rope_tables
 
-STORAGE = {"fp32": np.float32, "fp16": np.float16, "bf16": np.float32}
+ARRAY_DTYPES = {"fp32": np.float32, "fp16": np.float16, "bf16": np.float32}  # bf16 values held in float32
 PREFILL_CHUNK = 64  # prompt tokens per forward pass: bounds the attention temporaries
 
 
@@ -30,7 +30,7 @@ class NumpyBackend:
             raise ValueError(f"numpy backend: dtype {dtype!r} is not one of {DTYPES}")
         self.cfg, self.dtype = cfg, dtype
         self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
-        self.storage = STORAGE[dtype]
+        self.storage = ARRAY_DTYPES[dtype]
         self.weights: dict[str, np.ndarray] = {}
         self.rope_cos, self.rope_sin = rope_tables(cfg, max_seq_len)  # [S, hd/2]
         self.reset()  # the KV cache
