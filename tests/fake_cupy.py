@@ -3,13 +3,19 @@ launch) written with the NumPy backend's own layers and storage roundings: the b
 side (staging, feed, graphs, buckets, packed prefill) then runs on a CPU, and must give the
 NumPy engine's bits. While a stream captures, kernels are recorded into its graph, not run.
 `install()` before anything imports ratchet.engine.cuda; in a process of its own."""
+
+from __future__ import annotations
+
 import sys
 import types
 
 import numpy as np
 
-CAPTURE = [None]
-PINNED = {}
+from ratchet.engine.numpy.layers import apply_rope, attention, linear, rms_norm, silu_mul
+from ratchet.engine.sampling import SamplingBatch
+
+CAPTURE: list = [None]  # the kernels of the graph being captured, or None: kernels run at once
+PINNED: dict = {}  # pinned buffers by address: a kernel given an address reads the buffer
 
 
 class FakeArray(np.ndarray):
@@ -107,19 +113,20 @@ class Device:
         pass
 
 
-def _no_attr(p):
-    raise RuntimeError("fake")
+def _unmapped(ptr):
+    raise RuntimeError("no unified addressing here: the backend uses the host address itself")
 
 
 cuda = types.ModuleType("cupy.cuda")
 cuda.Stream, cuda.Event, cuda.Device, cuda.alloc_pinned_memory = Stream, Event, Device, alloc_pinned_memory
 cuda.runtime = types.SimpleNamespace(getDevice=lambda: 0, deviceSynchronize=lambda: None,
-                                     pointerGetAttributes=_no_attr)
+                                     pointerGetAttributes=_unmapped)
 cuda.get_current_stream = lambda: Stream()
 cp.cuda = cuda
 
 
 def recorded(fn):
+    """A kernel: run now, or recorded into the graph while a stream captures."""
     def wrapper(*a, **k):
         if CAPTURE[0] is not None:
             CAPTURE[0].append(lambda: fn(*a, **k))
@@ -132,10 +139,6 @@ def _flat(a):
     if isinstance(a, (int, np.integer)):
         return np.frombuffer(PINNED[int(a)], np.int32)
     return np.asarray(a).reshape(-1)
-
-
-from ratchet.engine.numpy.layers import apply_rope, attention, linear, rms_norm, silu_mul  # noqa: E402
-from ratchet.engine.sampling import SamplingBatch  # noqa: E402
 
 
 class FakeOps:

@@ -158,3 +158,19 @@ def test_sampling_batch_checks_only_the_rows_that_sample(temps, greedy, ok):
     else:
         with pytest.raises(ValueError, match="temperature must be > 0"):
             SamplingBatch([0, 0], [0, 1], [0, 0], temps, greedy)
+
+
+def test_sampling_batch_normalises_and_checks_its_rows():
+    batch = SamplingBatch([2**32 + 5, -1], [7, 8], [0.0, 3.0], [1, 0.5], [0, 1], forced=[-1, -1])
+    assert batch.seeds.dtype == np.int64 and batch.token_indices.tolist() == [0, 3]
+    assert batch.forced is None  # no row forced: the samplers skip the forcing
+    with pytest.raises(ValueError):
+        SamplingBatch([0, 0], [0], [0, 0], [1.0, 1.0], [False, False])  # a field of another length
+    with pytest.raises(ValueError, match="below -1"):
+        SamplingBatch([0], [0], [0], [1.0], [False], forced=[-2])
+    with pytest.raises(ValueError, match="2 rows for 3 rows of logits"):
+        sample(np.zeros((3, 4), np.float32), SamplingBatch([0, 0], [0, 1], [0, 0], [1.0, 1.0], [False, False]))
+    # the key words wrap modulo 2**32 as the RNG takes them: seed 2**32 + 5 draws as seed 5
+    logits = np.zeros((1, 64), np.float32)
+    wrapped = sample(logits, SamplingBatch([2**32 + 5], [7], [0], [1.0], [False]))
+    np.testing.assert_array_equal(wrapped[0], sample(logits, SamplingBatch([5], [7], [0], [1.0], [False]))[0])
