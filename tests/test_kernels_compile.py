@@ -128,7 +128,7 @@ def test_compiles_with_nvrtc_sm90(name):
 
 
 # Launched plainly, never through launch.pdl_kernel: the weight sync's conversion kernels, where
-# griddepcontrol at the start cost a quarter of a sync (1.16-1.22 -> 1.49-1.62 ms, H200).
+# griddepcontrol at the start slowed the sync (docs/KERNELS.md, run 6).
 PLAIN_LAUNCH = {"convert.cu"}
 
 

@@ -7,6 +7,7 @@ import pytest
 
 from ratchet.engine.rng import philox4x32, uniforms, uniforms_batch
 from ratchet.engine.sampler import sample
+from ratchet.engine.sampling import SamplingBatch
 
 M32 = 0xFFFFFFFF
 
@@ -81,10 +82,9 @@ def test_sampled_distribution_matches_softmax():
     rng = np.random.default_rng(1)
     vocab, n, temperature = 12, 20000, 0.7
     logits = rng.normal(0, 1.5, size=vocab).astype(np.float32)
-    tokens, logprobs = sample(np.tile(logits, (n, 1)), seeds=np.full(n, 5),
-                              request_ids=np.full(n, 11),
-                              token_indices=np.arange(n), temperatures=np.full(n, temperature),
-                              greedy=np.zeros(n, bool))
+    tokens, logprobs = sample(np.tile(logits, (n, 1)), SamplingBatch(
+        seeds=np.full(n, 5), request_ids=np.full(n, 11), token_indices=np.arange(n),
+        temperatures=np.full(n, temperature), greedy=np.zeros(n, bool)))
     z = logits / np.float32(temperature)
     probs = np.exp(log_softmax64(z))
     counts = np.bincount(tokens, minlength=vocab)
@@ -99,9 +99,9 @@ def test_greedy_is_argmax_and_logprob_at_temperature():
     logits = rng.normal(0, 3, size=(6, 50)).astype(np.float32)
     logits[0, [3, 17]] = logits[0].max() + 1  # a tie: the first index wins
     temps = np.array([0, 0, 1, 2, 0.5, 0], np.float32)
-    tokens, logprobs = sample(logits, seeds=np.arange(6), request_ids=np.arange(6),
-                              token_indices=np.zeros(6), temperatures=temps,
-                              greedy=np.ones(6, bool))
+    tokens, logprobs = sample(logits, SamplingBatch(seeds=np.arange(6), request_ids=np.arange(6),
+                                                    token_indices=np.zeros(6), temperatures=temps,
+                                                    greedy=np.ones(6, bool)))
     np.testing.assert_array_equal(tokens, np.argmax(logits, -1))
     assert tokens[0] == 3 and tokens.dtype == np.int64 and logprobs.dtype == np.float32
     t_eff = np.where(temps == 0, 1, temps).astype(np.float32)
@@ -113,8 +113,9 @@ def test_logprob_matches_float64_log_softmax_on_a_large_vocabulary():
     rng = np.random.default_rng(3)
     logits = rng.normal(0, 4, size=(4, 50000)).astype(np.float32)
     temps = np.array([1.0, 0.6, 1.3, 1.0], np.float32)
-    tokens, logprobs = sample(logits, seeds=[1, 2, 3, 4], request_ids=[0, 0, 0, 0],
-                              token_indices=[0, 0, 0, 0], temperatures=temps, greedy=[0, 0, 0, 1])
+    tokens, logprobs = sample(logits, SamplingBatch(seeds=[1, 2, 3, 4], request_ids=[0, 0, 0, 0],
+                                                    token_indices=[0, 0, 0, 0], temperatures=temps,
+                                                    greedy=[0, 0, 0, 1]))
     z = logits / temps[:, None]
     ref = log_softmax64(z)[np.arange(4), tokens]
     print("logprob max abs diff vs float64:", np.abs(logprobs - ref).max())
@@ -129,17 +130,17 @@ def test_tokens_do_not_depend_on_the_batch():
                   token_indices=np.array([0, 4, 8, 1, 2, 3, 5]),
                   temperatures=np.array([1, 0.8, 1.2, 1, 0.3, 1, 2], np.float32),
                   greedy=np.array([0, 0, 0, 1, 0, 0, 0], bool))
-    tokens, logprobs = sample(logits, **params)
+    tokens, logprobs = sample(logits, SamplingBatch(**params))
     for order in ([6, 0, 2], [3], [5, 4, 1, 0, 2, 3, 6]):
-        sub = {k: v[order] for k, v in params.items()}
-        t, lp = sample(logits[order], **sub)
+        sub = SamplingBatch(**{k: v[order] for k, v in params.items()})
+        t, lp = sample(logits[order], sub)
         np.testing.assert_array_equal(t, tokens[order])
         np.testing.assert_array_equal(lp, logprobs[order])
 
 
 def test_sample_rejects_nonpositive_temperature():
     with pytest.raises(ValueError, match="temperature"):
-        sample(np.zeros((1, 4), np.float32), [0], [0], [0], [0.0], [False])
+        sample(np.zeros((1, 4), np.float32), SamplingBatch([0], [0], [0], [0.0], [False]))
 
 
 @pytest.mark.parametrize("temps,greedy,ok", [
@@ -149,12 +150,27 @@ def test_sample_rejects_nonpositive_temperature():
     ([float("nan"), 1.0], [False, False], False),  # NaN is no temperature
     ([float("nan"), 1.0], [True, False], True),
 ])
-def test_sampling_rows_checks_only_the_rows_that_sample(temps, greedy, ok):
-    from ratchet.engine.sampler import sampling_rows
-
+def test_sampling_batch_checks_only_the_rows_that_sample(temps, greedy, ok):
     if ok:
-        t, g = sampling_rows(temps, greedy, 2)
+        batch = SamplingBatch([0, 0], [0, 1], [0, 0], temps, greedy)
+        t, g = batch.temperatures, batch.greedy
         assert t.dtype == np.float32 and g.dtype == bool
     else:
         with pytest.raises(ValueError, match="temperature must be > 0"):
-            sampling_rows(temps, greedy, 2)
+            SamplingBatch([0, 0], [0, 1], [0, 0], temps, greedy)
+
+
+def test_sampling_batch_normalises_and_checks_its_rows():
+    batch = SamplingBatch([2**32 + 5, -1], [7, 8], [0.0, 3.0], [1, 0.5], [0, 1], forced=[-1, -1])
+    assert batch.seeds.dtype == np.int64 and batch.token_indices.tolist() == [0, 3]
+    assert batch.forced is None  # no row forced: the samplers skip the forcing
+    with pytest.raises(ValueError):
+        SamplingBatch([0, 0], [0], [0, 0], [1.0, 1.0], [False, False])  # a field of another length
+    with pytest.raises(ValueError, match="below -1"):
+        SamplingBatch([0], [0], [0], [1.0], [False], forced=[-2])
+    with pytest.raises(ValueError, match="2 rows for 3 rows of logits"):
+        sample(np.zeros((3, 4), np.float32), SamplingBatch([0, 0], [0, 1], [0, 0], [1.0, 1.0], [False, False]))
+    # the key words wrap modulo 2**32 as the RNG takes them: seed 2**32 + 5 draws as seed 5
+    logits = np.zeros((1, 64), np.float32)
+    wrapped = sample(logits, SamplingBatch([2**32 + 5], [7], [0], [1.0], [False]))
+    np.testing.assert_array_equal(wrapped[0], sample(logits, SamplingBatch([5], [7], [0], [1.0], [False]))[0])

@@ -1,58 +1,6 @@
-"""The backend protocol: what the engine asks of a model runner (NumPy now, CUDA later).
-
-The engine owns scheduling and the sampling recipe; a backend owns the weights and the KV
-cache and runs the model. It never sees a Request, only slots, token ids and positions.
-
-Contract
-- Construction: `Backend(cfg, dtype, max_batch_size, max_seq_len)`. `dtype` ("fp32", "fp16",
-  "bf16") is the storage dtype of weights and KV cache; activations are stored in it too,
-  as the CUDA kernels store them. Slots are 0 .. max_batch_size - 1; a slot holds the KV
-  cache of one sequence, positions 0 .. max_seq_len - 1.
-- `load_weights(weights)`: every engine tensor (names and shapes of
-  `ratchet.model.layout.expected_shapes(cfg)`), float32 arrays on the dtype's grid. The
-  backend copies them: later changes to the caller's arrays do not reach it.
-- `update_weights(weights)`: any subset of the names, shapes checked, written in place
-  (the CUDA backend keeps its buffers, so a weight sync allocates nothing). Drops every
-  cached state computed with the old weights: all slots are empty afterwards.
-- `prefill(slot, token_ids, start_pos) -> float32 [V]`: writes k, v of `token_ids` at
-  positions start_pos .. start_pos + len - 1 of `slot` (positions below start_pos must hold
-  this sequence already: start_pos > 0 appends) and returns the logits of the last
-  position, as a NumPy array. The LM head runs on that position only.
-- `prefill_batch(slots, token_lists, start_positions=None) -> float32 [n, V]`: `prefill` of
-  several sequences (distinct slots, start positions default 0); a GPU backend packs them
-  into one pass. The engine prefills through this.
-- `decode(slots, tokens, positions) -> float32 [B, V]`: one token per slot (slots distinct),
-  token b at position positions[b] (which must be <= that slot's cached length: it appends,
-  or rewrites the tail); writes its k, v and returns the logits of every row.
-- `decode_sample(slots, tokens, positions, seeds, request_ids, token_indices, temperatures,
-  greedy) -> (tokens int64 [B], logprobs float32 [B])`: `decode`, then
-  `ratchet.engine.sampler.sample` on its logits. The engine decodes through this, so a GPU
-  backend samples where the logits are (B x 150k Philox draws a step are too many for
-  NumPy, and copying the logits back costs more than the tokens) with the same recipe.
-- `decode_sample_async(..., feed=None) -> step`: `decode_sample` launched, its result
-  (`step.result()`, the same pair) read later, so that the host can prepare and launch the
-  next step while the GPU runs this one. `feed` (optional, one int a row): where feed[b] >= 0,
-  row b's input token is the token the previous `decode_sample_async` / `decode_sample`
-  drew at its row feed[b], taken where it lies (on the GPU, without waiting for it), and
-  tokens[b] is ignored. At most two launched steps may be unread; a third launch reads the
-  oldest first. The engine overlaps its steps through this (`Engine(overlap=True)`).
-- `forced` (optional, one int a row, of `prefill_sample`, `decode_sample` and
-  `decode_sample_async`): where forced[b] >= 0, row b takes that token instead of drawing one,
-  and its log-probability is computed exactly as a drawn token's (teacher forcing, for
-  scoring given answers with the engine's own arithmetic: ratchet/engine/score.py).
-- `batch_invariant`: True when a row's logits are bit for bit independent of the batch it
-  runs in and of whether its cache came from a prefill or decode steps. The NumPy backend
-  always is; the CUDA backend is when built with `batch_invariant=True` (one decode bucket,
-  prompts prefilled by decode steps).
-- `free(slot)`: the slot's cache is empty; the next prefill on it starts at 0.
-- `reset()`: every slot empty, and any other cached state (e.g. a prefix cache) dropped.
-
-Reproducibility: the NumPy backend gives a row's logits bit for bit independent of the other
-rows, of the slot, and of whether its cache was filled by prefill or by decode steps, which
-makes batching and cancel/resume invisible in the output. A GPU backend should at least be
-deterministic run to run (its cuBLAS products may let a row's last bits follow the batch),
-and batch-invariant on request.
-"""
+"""The backend protocol: what the engine asks of a model runner (NumPy or CUDA). The engine
+owns scheduling and the sampling recipe; a backend owns the weights and the KV cache, runs the
+model and samples where the logits are, seeing slots, tokens and positions, never a Request."""
 
 from __future__ import annotations
 
@@ -60,47 +8,80 @@ from typing import Mapping, Protocol, Sequence
 
 import numpy as np
 
+from ratchet.engine.sampling import SamplingBatch
 from ratchet.model.config import ModelConfig
-
-BACKENDS = ("numpy", "cuda")
 
 
 class Backend(Protocol):
+    """Built as `Backend(cfg, dtype, max_batch_size, max_seq_len)`: weights, KV cache and the
+    activations the CUDA kernels store are held in `dtype` ("fp32", "fp16", "bf16"). Slots
+    0 .. max_batch_size - 1 each cache one sequence, positions 0 .. max_seq_len - 1."""
+
     cfg: ModelConfig
     dtype: str
     max_batch_size: int
     max_seq_len: int
+    batch_invariant: bool
+    """A row's logits are bit for bit independent of its batch and of whether its cache came
+    from a prefill or decode steps (NumPy: always; CUDA: when built batch-invariant), so a
+    sampled answer scored again gets the bits it was sampled with."""
+    weight_device: str
+    """Where `update_weights` takes tensors without a host copy: "cpu" or "cuda:N"."""
 
-    def load_weights(self, weights: Mapping[str, np.ndarray]) -> None: ...
+    def load_weights(self, weights: Mapping[str, np.ndarray]) -> None:
+        """Every engine tensor (ratchet.model.layout.expected_shapes), float32 on the dtype's
+        grid, copied: later changes to the caller's arrays do not reach the backend."""
+        ...
 
-    def update_weights(self, weights: Mapping[str, np.ndarray]) -> None: ...
+    def update_weights(self, weights: Mapping[str, object]) -> None:
+        """Any subset, shapes checked, written in place (a sync allocates nothing): float32
+        NumPy arrays on the dtype's grid, or (CUDA) float32 DLPack tensors on weight_device,
+        rounded there. Every slot is empty afterwards."""
+        ...
 
-    def prefill(self, slot: int, token_ids: Sequence[int], start_pos: int = 0) -> np.ndarray: ...
+    def prefill(self, slot: int, token_ids: Sequence[int], start_pos: int = 0) -> np.ndarray:
+        """Caches token_ids at start_pos.. of `slot` (positions below must hold this sequence:
+        start_pos > 0 appends); float32 logits [V] of the last position only."""
+        ...
 
     def prefill_batch(self, slots: Sequence[int], token_lists: Sequence[Sequence[int]],
-                      start_positions: Sequence[int] | None = None) -> np.ndarray: ...
+                      start_positions: Sequence[int] | None = None) -> np.ndarray:
+        """`prefill` of several sequences in distinct slots (a GPU packs them): float32 [n, V]."""
+        ...
 
     def decode(self, slots: Sequence[int], tokens: Sequence[int],
-               positions: Sequence[int]) -> np.ndarray: ...
+               positions: Sequence[int]) -> np.ndarray:
+        """One token a slot (distinct), each at a position <= its slot's cached length (appends,
+        or rewrites the tail): caches it, float32 logits [B, V]."""
+        ...
 
     def prefill_sample(self, slots: Sequence[int], token_lists: Sequence[Sequence[int]],
-                       seeds, request_ids, token_indices, temperatures,
-                       greedy, forced=None) -> tuple[np.ndarray, np.ndarray]:
-        """`prefill_batch` from position 0, then the sampler on each last position's logits,
-        where they are (the GPU never ships [n, V] logits to the host)."""
+                       batch: SamplingBatch) -> tuple[np.ndarray, np.ndarray]:
+        """`prefill_batch` from position 0, then a token a sequence drawn from its last logits:
+        (tokens int64 [n], logprobs float32 [n])."""
         ...
 
     def decode_sample(self, slots: Sequence[int], tokens: Sequence[int], positions: Sequence[int],
-                      seeds, request_ids, token_indices, temperatures,
-                      greedy, forced=None) -> tuple[np.ndarray, np.ndarray]: ...
+                      batch: SamplingBatch) -> tuple[np.ndarray, np.ndarray]:
+        """`decode`, then ratchet.engine.sampler.sample's tokens for its logits (its recipe,
+        where the logits are): (tokens int64 [B], logprobs float32 [B]). Forced rows of the
+        batch take their token, with the log-probability a drawn one would get."""
+        ...
 
     def decode_sample_async(self, slots: Sequence[int], tokens: Sequence[int], positions: Sequence[int],
-                            seeds, request_ids, token_indices, temperatures, greedy,
-                            feed: Sequence[int] | None = None, forced=None) -> "DecodeStep": ...
+                            batch: SamplingBatch, feed: Sequence[int] | None = None) -> "DecodeStep":
+        """`decode_sample` launched, read later (`result()`), so the host stages the next step
+        while this one runs; at most two unread. Where feed[b] >= 0, row b's input is the token
+        the previous sampling step drew at row feed[b], taken where it lies (tokens[b] ignored)."""
+        ...
 
-    def free(self, slot: int) -> None: ...
+    def free(self, slot: int) -> None:
+        """The slot's cache is empty; its next prefill starts at 0."""
+        ...
 
-    def reset(self) -> None: ...
+    def reset(self) -> None:
+        """Every slot empty, and any other cached state dropped."""
+        ...
 
 
 class DecodeStep(Protocol):
@@ -142,21 +123,3 @@ def feed_rows(feed, tokens, prev_rows: int) -> tuple[np.ndarray | None, np.ndarr
 def fed_tokens(feed: np.ndarray, tokens: np.ndarray, prev_tokens: np.ndarray) -> np.ndarray:
     """The rows' input tokens on the host: prev_tokens[feed] where fed, tokens elsewhere."""
     return np.where(feed >= 0, prev_tokens[np.maximum(feed, 0)], tokens)
-
-
-def make_backend(name: str, cfg: ModelConfig, dtype: str, max_batch_size: int,
-                 max_seq_len: int, batch_invariant: bool = False, device: int | None = None) -> Backend:
-    """The backend called `name`, empty (no weights yet); batch-invariant on request."""
-    if name == "numpy":
-        from ratchet.engine.numpy.backend import NumpyBackend
-
-        return NumpyBackend(cfg, dtype, max_batch_size, max_seq_len)
-    if name == "cuda":
-        try:
-            from ratchet.engine.cuda.backend import CudaBackend
-        except ImportError as e:
-            raise ImportError(f"the cuda backend cannot be loaded ({e}); it needs CuPy and a GPU "
-                              "(pip install 'ratchet[cuda]')") from e
-        return CudaBackend(cfg, dtype, max_batch_size, max_seq_len, batch_invariant=batch_invariant,
-                           device=device)
-    raise ValueError(f"unknown engine backend {name!r}; expected one of {BACKENDS}")

@@ -1,20 +1,8 @@
-"""The engine: continuous batching over a backend, with batch-independent sampling.
+"""The engine: continuous batching over a backend, with tokens keyed by (seed, request id,
+token index), so an answer depends neither on its batch nor on being cancelled and resumed.
 
     engine = Engine(load_engine_model(model_dir), backend="numpy", max_batch_size=64)
     done = engine.generate([Request(0, prompt_ids, max_new_tokens=256, seed=1)])
-
-Each `step()` admits waiting requests into free slots (prefill, then their first token) and
-runs one batched decode step for every running sequence. Tokens are drawn by Gumbel-max with
-noise keyed by (seed, request_id, token index), so a request's output does not depend on
-what else is in the batch, and a cancelled request resumed later (`add` it again) continues
-with the tokens it would have drawn.
-
-Overlap (on by default): before reading a decode step's tokens, the engine launches the next
-step for the sequences that can go on (`decode_sample_async` with `feed`: their input tokens
-stay on the GPU), so its own bookkeeping and the backend's staging run while the GPU works.
-A sequence that draws eos in step t has already been given a row in step t + 1; that row's
-token is discarded (its draw is keyed by token index, so nothing else changes). No step is
-run ahead while a waiting request could take a free slot: it is admitted at the next step.
 """
 
 from __future__ import annotations
@@ -25,9 +13,11 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
-from ratchet.engine.backend import make_backend
+from ratchet.engine.factory import make_backend
 from ratchet.engine.request import Request
+from ratchet.engine.sampling import SamplingBatch
 from ratchet.engine.scheduler import Scheduler, Sequence
+from ratchet.engine.score import teacher_forced_logprobs
 
 
 @dataclass
@@ -55,13 +45,10 @@ class Engine:
     def __init__(self, model, backend: str = "numpy", max_batch_size: int = 64,
                  max_seq_len: int | None = None, eos_ids: Iterable[int] | None = None,
                  overlap: bool = True, batch_invariant: bool = False, device: int | None = None):
-        """`model`: anything with `.cfg` (ModelConfig), `.weights` (engine names -> float32
-        arrays on the dtype grid) and `.dtype` ("fp32", "fp16", "bf16"), e.g. an EngineModel.
-        `overlap`: launch each decode step before reading the previous one's tokens.
-        `batch_invariant`: a backend whose rows' bits do not depend on the batch (the NumPy
-        one always is; see ratchet/engine/backend.py), so answers can be scored later by
-        `ratchet.engine.score` and get the bits they were sampled with. `device`: the GPU a
-        CUDA engine runs on (default: the current one); ignored by the NumPy backend."""
+        """`model`: `.cfg`, `.weights` (float32 on the dtype grid) and `.dtype`, e.g. an
+        EngineModel. `overlap`: launch each decode step before reading the previous one's
+        tokens. `batch_invariant`: rows' bits independent of the batch, so `score` gives an
+        answer the bits it was sampled with. `device`: the GPU of a CUDA engine."""
         cfg = model.cfg
         if max_seq_len is None:
             max_seq_len = min(cfg.max_position_embeddings, DEFAULT_MAX_SEQ_LEN)
@@ -145,8 +132,9 @@ class Engine:
         ids = list(self.scheduler.running) + [r.request_id for r in self.scheduler.waiting]
         return [self.cancel(i) for i in ids]
 
-    def update_weights(self, weights: Mapping[str, np.ndarray]) -> None:
-        """Overwrite any subset of the weights in place; drops all cached state."""
+    def update_weights(self, weights: Mapping[str, object]) -> None:
+        """Overwrite any subset of the weights in place (NumPy float32 arrays on the dtype grid,
+        or DLPack tensors on `weight_device`); drops all cached state."""
         self.drain("update_weights")
         self.backend.update_weights(weights)
 
@@ -162,9 +150,7 @@ class Engine:
     def score(self, prompts: list[list[int]], answers: list[list[int]], temperature: float = 1.0,
               batch_size: int | None = None) -> list[list[float]]:
         """The log-probability of every given answer token by this engine's own arithmetic
-        (teacher forcing, ratchet/engine/score.py); the engine must be idle."""
-        from ratchet.engine.score import teacher_forced_logprobs
-
+        (teacher forcing, score.py), a list per answer; the engine must be idle."""
         return teacher_forced_logprobs(self, prompts, answers, temperature, batch_size)
 
     @property
@@ -175,6 +161,7 @@ class Engine:
 
     @property
     def batch_invariant(self) -> bool:
+        """Whether `score` gives sampled answers the very bits they were sampled with."""
         return self.backend.batch_invariant
 
     @property
@@ -196,7 +183,7 @@ class Engine:
             return finished
         token_lists = [s.request.prompt + s.request.output for s in ready]
         tokens, logprobs = self.backend.prefill_sample([s.slot for s in ready], token_lists,
-                                                       **self._sampling_params(ready))
+                                                       self._sampling_batch(ready))
         for seq, ids in zip(ready, token_lists):
             seq.num_cached_tokens = len(ids)
             self.stats.num_prefill_tokens += len(ids)
@@ -212,14 +199,15 @@ class Engine:
             tokens, feed, ahead = [0] * len(seqs), [row[id(s)] for s in seqs], 1
         handle = self.backend.decode_sample_async(
             [s.slot for s in seqs], tokens, [s.num_cached_tokens for s in seqs],
-            **self._sampling_params(seqs, ahead), feed=feed)
+            self._sampling_batch(seqs, ahead), feed=feed)
         for seq in seqs:
             seq.num_cached_tokens += 1
         return _Launched(seqs, handle)
 
     def _complete(self) -> list[Request]:
-        """Read the launched step's tokens (having launched the next step first, when
-        overlapping) and append them to the sequences still running."""
+        """Read the launched step's tokens and append them to the sequences still running,
+        having launched the next step first (overlap) unless a waiting request could take a
+        slot. A row whose sequence ended meanwhile is dropped: draws are keyed by token index."""
         step, self._inflight = self._inflight, None
         keep = [i for i, s in enumerate(step.seqs) if self._is_running(s)]  # not finished or cancelled since
         live = [step.seqs[i] for i in keep]
@@ -250,15 +238,15 @@ class Engine:
                 or request.num_tokens + ahead >= self.max_seq_len)
 
     @staticmethod
-    def _sampling_params(seqs: list[Sequence], ahead: int = 0) -> dict[str, list]:
+    def _sampling_batch(seqs: list[Sequence], ahead: int = 0) -> SamplingBatch:
         """`ahead`: tokens the sequences will have been given before this draw (a step
         launched before the previous one's tokens were appended)."""
         requests = [s.request for s in seqs]
-        return dict(seeds=[r.seed for r in requests],
-                    request_ids=[r.request_id for r in requests],
-                    token_indices=[len(r.output) + ahead for r in requests],  # resumed: same stream
-                    temperatures=[r.temperature for r in requests],
-                    greedy=[r.greedy for r in requests])
+        return SamplingBatch(seeds=[r.seed for r in requests],
+                             request_ids=[r.request_id for r in requests],
+                             token_indices=[len(r.output) + ahead for r in requests],  # resumed: same stream
+                             temperatures=[r.temperature for r in requests],
+                             greedy=[r.greedy for r in requests])
 
     def _append(self, seqs: list[Sequence], tokens: np.ndarray,
                 logprobs: np.ndarray) -> list[Request]:

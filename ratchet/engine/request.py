@@ -1,10 +1,6 @@
-"""The one object that travels through the engine: a prompt, its sampling settings, its output.
-
-The engine appends to `output` and `logprobs` in place. A cancelled request keeps both with
-`finish_reason=None`; adding it to an engine again resumes it where it stopped, and because
-every token's randomness is keyed by (seed, request_id, token index) the resumed tokens are
-the ones an uninterrupted run would have drawn.
-"""
+"""The one object that travels through the engine: a prompt, its sampling settings, its
+output. A cancelled request keeps its output with `finish_reason=None`; added again, it
+resumes with the tokens an uninterrupted run would have drawn."""
 
 from __future__ import annotations
 

@@ -1,29 +1,12 @@
-"""Philox-4x32-10, the counter-based RNG behind every sampled token, in vectorised NumPy.
+"""Philox-4x32-10, the counter-based RNG behind every sampled token, in vectorised NumPy: the
+bits for (key, counter) are a pure function of both, so a token's randomness never depends on
+its batch, the schedule, or a cancel and resume. The recipe (the CUDA sampler's too):
 
-A counter-based generator has no state: the random bits for (key, counter) are a pure
-function of both, so a token's randomness never depends on the batch it ran in, on the
-order requests were scheduled, or on whether the request was cancelled and resumed.
-
-The exact recipe (the CUDA sampler reproduces it bit for bit):
-
-    key     = (seed mod 2**32, request_id mod 2**32)              two uint32
-    counter = (token_index, vocab_index, 0, 0)                     four uint32
-    x0, x1, x2, x3 = philox4x32_10(counter, key)                   Random123's Philox4x32-10
-    u = (float32(x0 >> 9) + 0.5f) * 2**-23                         only x0 is used
-
-Philox4x32-10 (Salmon et al., SC'11; Random123's `philox4x32_R(10, ctr, key)`): ten rounds of
-
-    hi0:lo0 = 0xD2511F53 * c0        (the 64-bit product, split into two uint32)
-    hi1:lo1 = 0xCD9E8D57 * c2
-    c0, c1, c2, c3 = hi1 ^ c1 ^ k0,  lo1,  hi0 ^ c3 ^ k1,  lo0
-
-with the key bumped before every round but the first: k0 += 0x9E3779B9, k1 += 0xBB67AE85
-(all uint32 arithmetic wraps modulo 2**32).
-
-u takes the top 23 bits of x0, so u = (2m + 1) * 2**-24 for an integer 0 <= m < 2**23: a
-float32 exactly (24 significant bits), never 0 and never 1, so -log(-log(u)) is finite.
-(Taking 24 bits, ((x0 >> 8) + 0.5) * 2**-24, would need 25 significant bits: the top value
-1 - 2**-25 rounds to 1.0 in float32 and the Gumbel noise becomes infinite.)
+    key     = (seed mod 2**32, request_id mod 2**32)
+    counter = (token_index, vocab_index, 0, 0)
+    x0, ... = philox4x32_10(counter, key)                 Random123's Philox4x32-10
+    u       = (float32(x0 >> 9) + 0.5f) * 2**-23          (2m + 1) 2**-24: never 0 nor 1
+                                                          (24 bits would round the top one to 1.0)
 """
 
 from __future__ import annotations

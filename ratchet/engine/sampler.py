@@ -1,25 +1,13 @@
-"""Token sampling: Gumbel-max over logits / T with counter-based noise, and the token's logprob.
+"""Token sampling: Gumbel-max over logits / T with counter-based noise, which draws exactly
+from softmax(z) without a sort, each row reading only its own logits and noise, so a token
+never depends on the batch. The recipe (the CUDA sampler's too):
 
-    z      = logits / T                                  float32 division, T as float32
-                                                         (T = 1 when greedy with temperature 0)
-    g      = float32(-log(-log(u)))                      evaluated in float64, u from
-                                                         rng.uniforms_batch
-    token  = argmax(z + g)            (sampled)          first index on ties
-             argmax(logits)           (greedy)
-             forced[b]                (teacher forcing: where forced[b] >= 0)
-    logprob = (z[token] - max z) - log(sum(exp(z - max z)))
-
-Gumbel-max draws exactly from softmax(z) without sorting the vocabulary or a cumulative sum,
-and every row only reads its own logits and its own (seed, request_id, token_index) noise,
-so a token never depends on the rest of the batch.
-
-Teacher forcing (`forced`): a row given a token takes it instead of drawing one, and gets its
-log-probability by the same arithmetic as a drawn token: scoring a sampled answer token by
-token this way gives the very bits the sampler returned when it drew it (ratchet/engine/score.py).
-
-Precision of the logprob: exp(z - max z) is evaluated in float32, its sum is accumulated in
-float64 (vocabularies of 150k terms lose digits in a float32 sum), and the final
-subtraction is done in float64 and rounded once to float32.
+    z       = logits / T                     float32; T = 1 where greedy with T = 0
+    g       = float32(-log(-log(u)))         in float64, u from rng.uniforms_batch
+    token   = argmax(z + g)                  sampled (first index on ties)
+              argmax(logits)                 greedy
+              forced[b]                      teacher forcing, where forced[b] >= 0
+    logprob = (z[token] - max z) - log(sum(exp(z - max z)))   exp in float32, sum in float64
 """
 
 from __future__ import annotations
@@ -27,14 +15,13 @@ from __future__ import annotations
 import numpy as np
 
 from ratchet.engine.rng import uniforms_batch
+from ratchet.engine.sampling import SamplingBatch
 
 
 def gumbel_noise(u: np.ndarray) -> np.ndarray:
-    """Gumbel noise in float32, computed in float64 and rounded once.
-
-    NumPy's float32 log is not correctly rounded and its last bit depends on the CPU's vector
-    instructions; in float64 the error sits far below float32's rounding step, so the rounded
-    noise is the same on every machine (and the CUDA sampler's table of it is too)."""
+    """Gumbel noise computed in float64 and rounded once to float32: NumPy's float32 log is
+    not correctly rounded (its last bit follows the CPU's vector instructions), so this makes
+    the noise, and the CUDA sampler's table of it, the same on every machine."""
     u = np.asarray(u, dtype=np.float64)
     return (-np.log(-np.log(u))).astype(np.float32)
 
@@ -54,49 +41,20 @@ def token_logprobs(z: np.ndarray, tokens: np.ndarray) -> np.ndarray:
     return (shifted - np.log(sum_exp)).astype(np.float32)
 
 
-def sampling_rows(temperatures, greedy, n: int, caller: str = "sample") -> tuple[np.ndarray, np.ndarray]:
-    """(temperatures float32 [n], greedy bool [n]), checked: a row that samples needs T > 0.
-    Shared by every sampler (NumPy, CUDA) so they take and refuse the same arguments."""
-    temperatures = np.asarray(temperatures, dtype=np.float32).reshape(n)
-    greedy = np.asarray(greedy, dtype=bool).reshape(n)
-    positive = temperatures > 0  # False for NaN too
-    if not positive.all() and not (positive | greedy).all():  # the common case costs one test
-        raise ValueError(f"{caller}: temperature must be > 0 for non-greedy rows")
-    return temperatures, greedy
-
-
-def forced_rows(forced, n: int, vocab: int, caller: str = "sample") -> np.ndarray | None:
-    """forced as int64 [n] (-1: draw), or None when no row is forced; checked."""
-    if forced is None:
-        return None
-    forced = np.asarray(forced, dtype=np.int64).reshape(n)
-    if (forced >= vocab).any() or (forced < -1).any():
-        bad = forced[(forced >= vocab) | (forced < -1)][0]
-        raise ValueError(f"{caller}: forced token {int(bad)} is outside [-1, {vocab})")
-    return forced if (forced >= 0).any() else None
-
-
-def sample(logits: np.ndarray, seeds, request_ids, token_indices, temperatures,
-           greedy, forced=None) -> tuple[np.ndarray, np.ndarray]:
-    """One token per row of `logits` [B, V] -> (tokens int64 [B], logprobs float32 [B]).
-
-    seeds, request_ids, token_indices: ints [B] (the RNG key and counter); temperatures:
-    floats [B]; greedy: bools [B]; forced: optional ints [B], a token to take instead of
-    drawing (-1: draw), with its log-probability computed as a drawn one's.
-    """
+def sample(logits: np.ndarray, batch: SamplingBatch) -> tuple[np.ndarray, np.ndarray]:
+    """One token per row of `logits` [B, V] -> (tokens int64 [B], logprobs float32 [B])."""
     logits = np.asarray(logits, dtype=np.float32)
-    batch, vocab = logits.shape
-    temperatures, greedy = sampling_rows(temperatures, greedy, batch)
-    z = scaled_logits(logits, temperatures, greedy)  # [B, V]
-
-    forced = forced_rows(forced, batch, vocab)
+    rows, vocab = logits.shape
+    batch.check(rows, vocab)
+    greedy, forced = batch.greedy, batch.forced
+    z = scaled_logits(logits, batch.temperatures, greedy)  # [B, V]
     tokens = np.argmax(logits, axis=-1)
     drawn = ~greedy if forced is None else ~greedy & (forced < 0)
     if drawn.any():  # the noise costs B*V Philox calls: only the rows that sample pay it
-        rows = np.flatnonzero(drawn)
-        u = uniforms_batch(np.asarray(seeds)[rows], np.asarray(request_ids)[rows],
-                           np.asarray(token_indices)[rows], vocab)  # [b, V]
-        tokens[rows] = np.argmax(z[rows] + gumbel_noise(u), axis=-1)
+        picked = np.flatnonzero(drawn)
+        u = uniforms_batch(batch.seeds[picked], batch.request_ids[picked], batch.token_indices[picked],
+                           vocab)  # [b, V]
+        tokens[picked] = np.argmax(z[picked] + gumbel_noise(u), axis=-1)
     tokens = tokens.astype(np.int64)
     if forced is not None:
         tokens = np.where(forced >= 0, forced, tokens)

@@ -1,8 +1,5 @@
-"""Continuous batching: a waiting queue, and up to max_batch_size running sequences in slots.
-
-A slot is a row of the backend's KV cache. Waiting requests take free slots in arrival
-order; a sequence gives its slot back when it finishes or is cancelled.
-"""
+"""Continuous batching: a waiting queue, and up to max_batch_size running sequences, each in
+a slot (a row of the backend's KV cache), admitted in arrival order."""
 
 from __future__ import annotations
 

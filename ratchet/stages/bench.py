@@ -15,8 +15,8 @@ from ratchet.tracking import code_version
 def bench(cfg: dict, run) -> None:
     if not cuda_available():
         raise RuntimeError("bench: needs a CUDA GPU through CuPy (it measures the CUDA engine)")
-    from ratchet.engine.cuda.bench import bench as run_bench
-    from ratchet.engine.cuda.headline import headline
+    from ratchet.bench.headline import headline
+    from ratchet.bench.run import bench as run_bench
 
     results = run_bench(dtype=cfg["engine"]["dtype"])
     results["headline"] = headline(results)

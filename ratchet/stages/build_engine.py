@@ -1,11 +1,6 @@
 """build_engine: pick the backend, compile and self-test the kernels (CUDA), and check the
-engine against the trainer on sampled tokens. Any mismatch beyond tolerance fails the rule.
-
-The engine-vs-trainer check samples `engine.selftest_tokens` tokens from seeded random
-prompts and scores them with the trainer twice: with fp32 arithmetic on the engine's own
-(rounded) weights, and with the engine dtype's autocast on top. With fp32 engine weights the
-first gap must be at float32 rounding level; with 16-bit engines it is measured and recorded.
-"""
+engine against the trainer on the engine's own rounded weights (fp32 arithmetic, and the
+engine dtype's autocast); a gap beyond tolerance fails the rule."""
 
 from __future__ import annotations
 

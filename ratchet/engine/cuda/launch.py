@@ -1,20 +1,7 @@
-"""Kernel launches with programmatic dependent launch (PDL, compute capability 9.0+).
-
-A decode step is ~200 kernels of 2-8 us, back to back in one stream (and one CUDA graph).
-Launched normally, a kernel starts only after the previous one has finished and flushed;
-launched with the PDL attribute (`cuLaunchKernelEx`,
-CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION), its blocks may be scheduled while
-the previous kernel drains, and wait inside the kernel instead. Every kernel in kernels/
-starts with `pdl_begin()` (dtype.cuh): `griddepcontrol.wait` (the previous grid has
-completed and its writes are visible) before it touches memory, then
-`griddepcontrol.launch_dependents`. So the results are the same bits either way; only the
-gaps between kernels change. Stream capture records the launches as programmatic edges.
-
-The weight sync's conversion kernels (convert.cu) are the exception: launched plainly, without
-pdl_begin (it cost a quarter of a sync there). `pdl_kernel(raw)` wraps a CuPy RawKernel in a callable with the same (grid, block, args,
-shared_mem=0) signature. PDL is on where the device has compute capability >= 9.0 and the
-driver exports cuLaunchKernelEx, unless RATCHET_PDL=0 (for A/B measurements).
-"""
+"""Kernel launches with programmatic dependent launch (PDL, compute capability 9.0+): a kernel's
+blocks may be scheduled while the previous kernel drains, and wait inside it (every kernel
+starts with `pdl_begin()`, dtype.cuh), so the bits are the same and only the gaps between
+kernels shrink. On where the driver has cuLaunchKernelEx, unless RATCHET_PDL=0."""
 
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
-"""Compile the CUDA sources in `kernels/` with NVRTC through CuPy (httomolibgpu's pattern).
-
-One `.cu` file per operation. `load(name, exprs)` reads `kernels/<name>.cu`, prepends
-`#line 1 "<path>"` so compiler errors point at the real file and line, and builds
-`cupy.RawModule(code=..., options=..., name_expressions=...)`; templates are instantiated by
-name (`"add_rmsnorm<F16>"`). Modules are cached per (source hash, options, names, device).
-`--use_fast_math` is never used: the sampler's logs and divisions must be the IEEE ones, and
-the element-wise kernels are built with `--fmad=false` so their fp32 products and sums round
-exactly as the NumPy backend's do.
-"""
+"""Compile `kernels/<name>.cu` with NVRTC through CuPy (httomolibgpu's pattern): `#line 1`
+prefixed so errors point at the real file, templates instantiated by name, modules cached per
+(source hash, options, names, device); never `--use_fast_math`, and `--fmad=false` for the
+element-wise kernels, so their fp32 arithmetic rounds as the NumPy backend's does."""
 
 from __future__ import annotations
 

@@ -8,16 +8,12 @@ DECODE_TILE = 64  # positions per tile in attention_decode.cu (#define TILE)
 MAX_DECODE_SPLITS = 32
 MMA_MAX_WARPS = 16  # attention_decode.cu MMA_MAX_WARPS: warps a block of attn_decode_mma (half at hd 128)
 MMA_WARPS_MANY_ROWS = 4  # warps a block when the rows alone fill the GPU
-MMA_TARGET_BLOCKS = 264  # ~2 blocks a multiprocessor (132 on an H100 / H200)
+MMA_TARGET_BLOCKS = 264  # ~2 blocks a multiprocessor of a 132-SM GPU
 MMA_SMEM_BYTES = 44 * 1024  # the merge's dynamic shared memory: with q_s (<= 4 KiB) under the 48 KiB default
 # wo and w_down of a small decode bucket as K in SPLIT_K slices, one strided-batched product
-# (ops.gemm_split) summed by the next add_rmsnorm (CudaBackend.split_products, on by default).
-# At M = 64 cuBLAS's own kernel fills few of the 132 multiprocessors; split, the products
-# alone are faster (H200, weights from HBM: wo 4.07 -> 3.14 us, w_down 7.81 -> 5.44 us with its
-# split-K reduce kernel gone; tools/gpu/splitk_sweep.py). Launched plainly, the step's other
-# gaps grew by as much as the products gained; with programmatic dependent launch
-# (launch.py) they do not, and the B = 64 step is ~5% faster than either alone (docs/KERNELS.md
-# run 6). rmsnorm.cu instantiates add_rmsnorm_warp<D, SPLIT_K>.
+# (ops.gemm_split) summed by the next add_rmsnorm (CudaBackend.split_products): at small M
+# cuBLAS's own kernel leaves most multiprocessors idle (docs/KERNELS.md, runs 5 and 6).
+# rmsnorm.cu instantiates add_rmsnorm_warp<D, SPLIT_K>.
 SPLIT_K = 4
 SPLIT_K_MAX_ROWS = 64
 

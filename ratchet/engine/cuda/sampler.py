@@ -1,15 +1,7 @@
-"""The sampler on the GPU: `kernels/sampler.cu`, one pass over the vocabulary, each row cut
-into NCHUNKS blocks (a fixed number, so nothing depends on the batch) and merged by the
-row's last block to finish: one launch.
-
-Tokens are the NumPy sampler's (ratchet/engine/sampler.py) bit for bit: the same Philox
-stream, and the Gumbel noise read from a table of the reference's own `gumbel_noise` over all
-2**UNIFORM_BITS uniforms it can draw (32 MiB on the GPU, built once per process), so the
-noise does not depend on how the host's or the GPU's float32 log rounds. The table is read
-only for the few positions whose approximate key (noise from the GPU's logs) comes within a
-margin of the best: the others cannot win (kernels/sampler.cu). Log-probabilities
-agree to float32 rounding (online log-sum-exp, fp32 exponentials summed in fp64).
-"""
+"""The sampler on the GPU (kernels/sampler.cu): one launch, each row cut into a fixed number
+of blocks, giving the NumPy sampler's tokens bit for bit. The Gumbel noise of a near-winning
+position is read from a table of the reference's own `gumbel_noise` over every uniform the
+RNG can draw, so the GPU's float32 log never decides a token; logprobs agree to fp32 rounding."""
 
 from __future__ import annotations
 
@@ -18,8 +10,9 @@ import numpy as np
 
 from ratchet.engine.cuda import loader
 from ratchet.engine.cuda.launch import pdl_kernel
-from ratchet.engine.rng import UNIFORM_BITS, as_uint32, bits_to_uniform
-from ratchet.engine.sampler import forced_rows, gumbel_noise, sampling_rows
+from ratchet.engine.rng import UNIFORM_BITS, bits_to_uniform
+from ratchet.engine.sampler import gumbel_noise
+from ratchet.engine.sampling import SamplingBatch
 
 BLOCK = 256  # kernels/sampler.cu SAMPLE_BLOCK
 NCHUNKS = 8  # blocks per row; at most 32 (one warp merges them)
@@ -68,23 +61,18 @@ def approx_noise_error(table: cp.ndarray | None = None) -> float:
     return float(cp.asnumpy(out).view(np.float32)[0])
 
 
-def pack_params(seeds, request_ids, token_indices, temperatures, greedy, out: np.ndarray | None = None,
-                forced: np.ndarray | None = None) -> np.ndarray:
+def pack_params(batch: SamplingBatch, out: np.ndarray | None = None) -> np.ndarray:
     """int32 [5, B]: key0 (seed), key1 (request id), counter (token index), T (float32 bits),
-    greedy | (1 + forced token) << 1 (forced: int64 [B], -1 where the row draws; None: none).
-    Written into `out` (any int32 [5, B] view, e.g. a pinned upload buffer's rows) when given."""
-    b = len(temperatures)
+    greedy | (1 + forced token) << 1 (0 where the row draws). Written into `out` (any int32
+    [5, B] view, e.g. a pinned upload buffer's rows) when given."""
+    b = len(batch)
     params = np.empty((5, b), dtype=np.int32) if out is None else out
-    try:  # one conversion for the three key rows (as_uint32 of each)
-        keys = np.array((seeds, request_ids, token_indices), dtype=np.int64).reshape(3, b)
-        params[:3] = (keys & 0xFFFFFFFF).astype(np.uint32).view(np.int32)
-    except ValueError:  # scalars or ragged: one row at a time, broadcast
-        for i, x in enumerate((seeds, request_ids, token_indices)):
-            params[i] = as_uint32(x).view(np.int32)
-    params[3] = np.asarray(temperatures, dtype=np.float32).reshape(b).view(np.int32)
-    params[4] = np.asarray(greedy, dtype=bool).reshape(b)
-    if forced is not None:
-        params[4] |= ((np.asarray(forced, dtype=np.int64).reshape(b) + 1) << 1).astype(np.int32)
+    keys = np.stack((batch.seeds, batch.request_ids, batch.token_indices))  # int64 [3, B]
+    params[:3] = (keys & 0xFFFFFFFF).astype(np.uint32).view(np.int32)
+    params[3] = batch.temperatures.view(np.int32)
+    params[4] = batch.greedy
+    if batch.forced is not None:
+        params[4] |= ((batch.forced + 1) << 1).astype(np.int32)
     return params
 
 
@@ -116,13 +104,11 @@ def launch(logits: cp.ndarray, params: cp.ndarray, tokens_out: cp.ndarray, logpr
         logprobs_out))
 
 
-def sample(logits: cp.ndarray, seeds, request_ids, token_indices, temperatures,
-           greedy, forced=None) -> tuple[cp.ndarray, cp.ndarray]:
+def sample(logits: cp.ndarray, batch: SamplingBatch) -> tuple[cp.ndarray, cp.ndarray]:
     """(tokens int32 [B], logprobs float32 [B]) on the GPU for `logits` [B, V] on the GPU."""
     rows = logits.shape[0]
-    temps, is_greedy = sampling_rows(temperatures, greedy, rows)
-    forced = forced_rows(forced, rows, logits.shape[1])
-    params = cp.asarray(pack_params(seeds, request_ids, token_indices, temps, is_greedy, forced=forced))
+    batch.check(rows, logits.shape[1])
+    params = cp.asarray(pack_params(batch))
     tokens = cp.empty(rows, dtype=np.int32)
     logprobs = cp.empty(rows, dtype=np.float32)
     launch(logits, params, tokens, logprobs)

@@ -1,14 +1,7 @@
-"""Every CUDA kernel against a NumPy reference on fresh random inputs.
-
-`selftest()` returns {kernel: {"max_err", "mean_err", "rel_err", "tol", "ok"}, ..., "ok": bool,
-"passed": bool (the same)} and raises RuntimeError when a kernel misses its tolerance (unless
-`raise_on_fail=False`). Pass the model's dtype and attention shape:
-`selftest(dtype, shapes=((cfg.head_dim, cfg.num_heads, cfg.num_kv_heads),))`.
-The references are the NumPy backend's own layers (ratchet/engine/numpy/layers.py) and
-sampler, with activations rounded to the engine dtype where the kernels store them; rel_err
-is ||out - ref|| / ||ref||. Exact kernels (embedding, the residual add, the KV-cache write,
-the conversion, the sampler's tokens) must match bit for bit.
-"""
+"""Every CUDA kernel against the NumPy backend's layers and sampler on fresh random inputs
+(activations rounded where the kernels store them; exact kernels bit for bit): `selftest()`
+returns {kernel: {"max_err", "mean_err", "rel_err", "tol", "ok"}, "ok", "passed"} and raises
+on a miss unless `raise_on_fail=False`."""
 
 from __future__ import annotations
 
@@ -20,6 +13,7 @@ from ratchet.engine.cuda import sampler as gpu_sampler
 from ratchet.engine.cuda.ops import STORAGE, Ops, convert, decode_split
 from ratchet.engine.cuda.plan import SPLIT_K
 from ratchet.engine.numpy.layers import apply_rope, attention, rms_norm, silu_mul
+from ratchet.engine.sampling import SamplingBatch
 from ratchet.model.dtypes import bf16_bits_to_fp32, fp32_to_bf16_bits, round_to
 
 # relative-error tolerance per dtype for kernels whose fp32 sums may run in another order
@@ -83,18 +77,18 @@ def check_embedding(ops: Ops, rng) -> dict:
 
 def check_staging(ops: Ops, rng) -> dict:
     """copy_rows between mapped pinned host memory and the GPU, pitches and a column subset."""
-    from ratchet.engine.cuda.backend import _mapped
+    from ratchet.engine.cuda.staging import mapped
 
     rows, pitch, cols = 10, 96, 37
     pinned = cp.cuda.alloc_pinned_memory(rows * pitch * 4)
     host = np.frombuffer(pinned, np.int32, rows * pitch).reshape(rows, pitch)
     host[:] = rng.integers(-2**31, 2**31, (rows, pitch), dtype=np.int64).astype(np.int32)
     dev = cp.full((rows, pitch + 5), -7, dtype=np.int32)
-    ops.copy_rows(_mapped(pinned.ptr), pitch, dev, pitch + 5, rows, cols)
+    ops.copy_rows(mapped(pinned.ptr), pitch, dev, pitch + 5, rows, cols)
     back_pinned = cp.cuda.alloc_pinned_memory(rows * pitch * 4)
     back = np.frombuffer(back_pinned, np.int32, rows * pitch).reshape(rows, pitch)
     back[:] = 3
-    ops.copy_rows(dev, pitch + 5, _mapped(back_pinned.ptr), pitch, rows, cols)
+    ops.copy_rows(dev, pitch + 5, mapped(back_pinned.ptr), pitch, rows, cols)
     cp.cuda.runtime.deviceSynchronize()
     got = cp.asnumpy(dev)
     want = np.full((rows, pitch + 5), -7, dtype=np.int32)
@@ -314,9 +308,9 @@ def check_sampler(rng, rows: int = 16, vocab: int = 151936) -> dict:
     greedy = np.zeros(rows, dtype=bool)
     greedy[[1, 3]] = True
     temperatures[1] = 0.0
-    ref_tokens, ref_logprobs = np_sampler.sample(logits, seeds, request_ids, token_indices, temperatures, greedy)
-    tokens, logprobs = gpu_sampler.sample(cp.asarray(logits), seeds, request_ids, token_indices, temperatures,
-                                          greedy)
+    batch = SamplingBatch(seeds, request_ids, token_indices, temperatures, greedy)
+    ref_tokens, ref_logprobs = np_sampler.sample(logits, batch)
+    tokens, logprobs = gpu_sampler.sample(cp.asarray(logits), batch)
     same = compare(cp.asnumpy(tokens).astype(np.float64), ref_tokens.astype(np.float64), 0, exact=True)
     lp = compare(cp.asnumpy(logprobs), ref_logprobs, 1e-6)
     lp["max_err"] = max(lp["max_err"], same["max_err"])

@@ -1,18 +1,7 @@
-"""In-place weight sync from the trainer: torch fp32 CUDA tensors into the engine's buffers.
-
-Every tensor of a sync is rounded on the GPU, round-to-nearest-even, into the engine's fp16 /
-bf16 / fp32 buffers in ONE launch (kernels/convert.cu `convert_many` over a device array of
-(src, dst, n, first chunk) descriptors): bit for bit what `ratchet.model.dtypes.round_to`
-gives on the host. No host copy, no sync between tensors, no per-tensor launch, and little
-per-tensor Python: `WeightSync` (the backend's) holds its buffers' pointers, and a repeated
-sync of the same tensors (the trainer's parameters live at fixed addresses) uploads nothing.
-
-Ordering: one DLPack exchange (`cupy.from_dlpack` on the first tensor) orders CuPy's current
-stream after the producer's current stream; the other tensors of the same framework (torch:
-`data_ptr()`, `is_contiguous()`, `get_device()`) are read through their pointers, checked for
-dtype, device, size and contiguity. Other DLPack objects each go through `cupy.from_dlpack`.
-torch is never imported here: the tensors bring their own `__dlpack__`.
-"""
+"""In-place weight sync: torch fp32 CUDA tensors (through DLPack, torch never imported) rounded
+into the engine's buffers on the GPU in one launch (kernels/convert.cu), bit for bit what
+`ratchet.model.dtypes.round_to` gives on the host; a repeated sync of the same tensors
+uploads nothing. One DLPack exchange orders CuPy's stream after the producer's."""
 
 from __future__ import annotations
 
@@ -20,9 +9,9 @@ import cupy as cp
 import numpy as np
 
 from ratchet.engine.cuda import loader
+from ratchet.engine.cuda.ops import STORAGE
 
-STORAGE = {"fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16), "bf16": np.dtype(np.uint16)}
-BUFFER_DTYPES = {v: k for k, v in STORAGE.items()}
+BUFFER_DTYPES = {np.dtype(v): k for k, v in STORAGE.items()}  # a buffer's dtype -> its engine dtype
 MODES = {"fp16": 0, "bf16": 1, "fp32": 2}
 CHUNK = 8192  # kernels/convert.cu CONVERT_CHUNK
 BLOCK = 256

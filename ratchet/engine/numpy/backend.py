@@ -1,14 +1,6 @@
-"""The NumPy reference backend: the model forward in float32 with the engine dtype's storage.
-
-Weights are held in the engine dtype (fp16 as np.float16; bf16 as float32 arrays of
-bf16-rounded values; fp32 as float32) and widened to float32 for each product. Activations
-are rounded to the engine dtype wherever a CUDA fp16/bf16 engine stores them to memory
-(`_store`): embedding output, residual stream after each add, norm outputs, q/k/v after
-bias and again after RoPE (the KV cache holds them in the engine dtype), attention output,
-wo output, gate/up outputs, the SwiGLU product, w_down output. Logits stay float32.
-
-Slow but exact: see layers.py for why every row's result is independent of the batch.
-"""
+"""The NumPy reference backend: the model in float32 over weights held in the engine dtype,
+with activations rounded to it wherever a CUDA kernel stores them (`_store`), so the two
+backends differ only in summation order. Slow but exact, and batch-invariant (layers.py)."""
 
 from __future__ import annotations
 
@@ -26,6 +18,7 @@ from ratchet.engine.numpy.layers import (
     silu_mul,
 )
 from ratchet.engine.sampler import sample
+from ratchet.engine.sampling import SamplingBatch
 from ratchet.model.config import ModelConfig
 from ratchet.model.dtypes import round_to
 from ratchet.model.layout import (
@@ -36,7 +29,7 @@ from ratchet.model.layout import (
     rope_tables,
 )
 
-STORAGE = {"fp32": np.float32, "fp16": np.float16, "bf16": np.float32}
+ARRAY_DTYPES = {"fp32": np.float32, "fp16": np.float16, "bf16": np.float32}  # bf16 values held in float32
 PREFILL_CHUNK = 64  # prompt tokens per forward pass: bounds the attention temporaries
 
 
@@ -49,7 +42,7 @@ class NumpyBackend:
             raise ValueError(f"numpy backend: dtype {dtype!r} is not one of {DTYPES}")
         self.cfg, self.dtype = cfg, dtype
         self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
-        self.storage = STORAGE[dtype]
+        self.storage = ARRAY_DTYPES[dtype]
         self.weights: dict[str, np.ndarray] = {}
         self.rope_cos, self.rope_sin = rope_tables(cfg, max_seq_len)  # [S, hd/2]
         self.reset()  # the KV cache
@@ -104,25 +97,19 @@ class NumpyBackend:
         return np.stack([self.prefill(slot, ids, start)
                          for slot, ids, start in zip(slots, token_lists, starts)])
 
-    def prefill_sample(self, slots, token_lists, seeds, request_ids, token_indices,
-                       temperatures, greedy, forced=None) -> tuple[np.ndarray, np.ndarray]:
-        return sample(self.prefill_batch(slots, token_lists), seeds, request_ids, token_indices,
-                      temperatures, greedy, forced)
+    def prefill_sample(self, slots, token_lists, batch: SamplingBatch) -> tuple[np.ndarray, np.ndarray]:
+        return sample(self.prefill_batch(slots, token_lists), batch)
 
-    def decode_sample(self, slots, tokens, positions, seeds, request_ids, token_indices,
-                      temperatures, greedy, forced=None) -> tuple[np.ndarray, np.ndarray]:
-        return self.decode_sample_async(slots, tokens, positions, seeds, request_ids, token_indices,
-                                        temperatures, greedy, forced=forced).result()
+    def decode_sample(self, slots, tokens, positions, batch: SamplingBatch) -> tuple[np.ndarray, np.ndarray]:
+        return self.decode_sample_async(slots, tokens, positions, batch).result()
 
-    def decode_sample_async(self, slots, tokens, positions, seeds, request_ids, token_indices,
-                            temperatures, greedy, feed=None, forced=None) -> ReadyStep:
+    def decode_sample_async(self, slots, tokens, positions, batch: SamplingBatch, feed=None) -> ReadyStep:
         """Computed at once (the CPU has nothing to overlap); `feed` as the protocol says."""
         prev = self._last_tokens
         feed, tokens = feed_rows(feed, tokens, 0 if prev is None else len(prev))
         if feed is not None:
             tokens = fed_tokens(feed, tokens, prev)
-        out = sample(self.decode(slots, tokens, positions), seeds, request_ids, token_indices,
-                     temperatures, greedy, forced)
+        out = sample(self.decode(slots, tokens, positions), batch)
         self._last_tokens = out[0]
         return ReadyStep(*out)
 

@@ -1,10 +1,6 @@
-"""The KV cache: one array per sequence slot, [num_layers, 2, num_kv_heads, seq, head_dim].
-
-All slots live in one array [slots, layers, 2, kv_heads, seq, head_dim] so a decode step
-gathers its rows' keys with one index. It is allocated with np.zeros, whose pages the OS
-only backs once written, so a large max_batch_size * max_seq_len costs what is used.
-Stored in the engine dtype: float16 for fp16, float32 holding bf16 values for bf16.
-"""
+"""The KV cache: every slot in one array [slots, layers, 2, kv_heads, seq, head_dim] in the
+engine dtype (bf16 as float32 values), so a decode step gathers its rows with one index;
+np.zeros pages are backed only once written, so capacity costs what is used."""
 
 from __future__ import annotations
 

@@ -1,17 +1,7 @@
-"""The model's operations in float32 NumPy, each written so a row's result is bit-identical
-whatever else is in the batch.
-
-BLAS gemm is not: OpenBLAS picks kernels and summation orders by the number of rows, so a
-row's output changes in the last bits with the batch size (measured: thousands of differing
-elements between M=1 and M=2). Every reduction here therefore has a fixed order per row:
-- `linear` runs one matrix-vector product per row (a batched matmul of [R, 1, K] rows), so
-  every row takes the same gemv path, whatever R is;
-- sums over hidden, head_dim or a key block are NumPy's pairwise sum over a contiguous last
-  axis, whose order depends only on that axis' length;
-- attention adds key blocks of fixed length one after another, so a query sees the same
-  additions whether its keys came from a prefill or from decode steps, and blocks past its
-  position (all masked) add exact zeros.
-"""
+"""The model's operations in float32 NumPy, each with a fixed summation order per row, so a
+row's result is bit-identical whatever else is in the batch (BLAS gemm picks its kernels,
+and so its sums, by the number of rows): one gemv a row in `linear`, NumPy's pairwise sum
+over a contiguous last axis, attention over fixed key blocks added in order."""
 
 from __future__ import annotations
 

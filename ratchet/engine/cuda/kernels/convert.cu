@@ -7,7 +7,7 @@
 // CONVERT_CHUNK elements that blocks take in a grid-stride loop, each thread 8 consecutive
 // elements per step (two 16-byte loads, one 16-byte store), all its loads issued first.
 // Launched plainly (no programmatic dependent launch, so no pdl_begin): griddepcontrol at the
-// start of these kernels cost a quarter of a sync on the H200 (kernels/NOTES.md run 6).
+// start of these kernels slowed the sync (docs/KERNELS.md, run 6).
 #include "dtype.cuh"
 
 #define CONVERT_CHUNK 8192  // elements per chunk: a multiple of 8, 4 steps of 256 threads

@@ -2,7 +2,7 @@
 // inside the step's graph, as plain loads and stores over PCIe (pinned memory is mapped into
 // the device's address space), instead of copy-engine copies around the graph: consecutive
 // steps then run back to back without a hand-over between the compute and copy engines
-// (~20 us a step on the H200 when the next step is already queued).
+// (docs/KERNELS.md, run 6).
 #include "dtype.cuh"
 
 // copy_rows: dst[r, c] = src[r, c] for r < rows, c < cols, both row-major with their pitches.

@@ -1,15 +1,7 @@
-"""The split mode's weight sync across two GPUs, measured and checked bit for bit.
-
-    python -m ratchet.rl.sync_bench --out sync.json          # needs two GPUs
-
-Rank 0 is a trainer on GPU 0 holding fp32 masters at Qwen2.5-0.5B shapes (random weights);
-rank 1 is a CUDA engine on GPU 1. Each sync is what `ratchet/rl/split.py` does after an
-update: `WeightSender.send` broadcasts the masters as one flat fp32 buffer over NCCL,
-`WeightReceiver.receive_into` rounds it into the engine's buffers on its GPU. Reported:
-the broadcast alone and the whole sync (broadcast + rounding into the engine), medians over
-`--repeats` after two warm-ups; then the engine's fp16 buffers are compared with the
-trainer's last masters rounded by torch (they must be equal, bit for bit).
-"""
+"""The split mode's weight sync across two GPUs, timed and checked bit for bit: a trainer on
+GPU 0 broadcasts fp32 masters over NCCL (`WeightSender`), a CUDA engine on GPU 1 rounds them
+into its buffers (`WeightReceiver`), as rl/split.py does after an update; the engine's fp16
+buffers must equal the masters rounded by torch. `python -m ratchet.bench.two_gpus --out sync.json`."""
 
 from __future__ import annotations
 
@@ -25,19 +17,17 @@ import torch
 TRAINER, ENGINE = 0, 1
 
 
-def _worker(rank: int, port: int, repeats: int, out_path: str, small: bool) -> None:
+def _worker(rank: int, rendezvous: str, repeats: int, out_path: str, small: bool) -> None:
     import cupy as cp
 
-    from ratchet.engine.cuda.backend import CudaBackend
-    from ratchet.engine.cuda.bench import qwen05_config, random_torch_weights
+    from ratchet.bench.workload import qwen05_config, random_torch_weights
+    from ratchet.engine.engine import Engine
     from ratchet.model.layout import expected_shapes, num_parameters
-    from ratchet.rl.grpo import init_process_group
     from ratchet.rl.sync import WeightReceiver, WeightSender
     from ratchet.trainer.policy import Policy
 
     torch.cuda.set_device(rank)
-    cp.cuda.Device(rank).use()
-    init_process_group(rank, 2, port, "gloo")
+    torch.distributed.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=2)
     group = torch.distributed.new_group([TRAINER, ENGINE], backend="nccl")
     cfg = qwen05_config()
     if small:  # a test's size: two layers, a small vocabulary
@@ -67,9 +57,9 @@ def _worker(rank: int, port: int, repeats: int, out_path: str, small: bool) -> N
             times[i] = time.perf_counter() - start
         torch.distributed.broadcast(times, src=TRAINER)  # gloo, to the rank that writes the result
     else:
-        backend = CudaBackend(cfg, dtype="fp16", max_batch_size=8, max_seq_len=64)
-        backend.load_weights({k: np.zeros(s, np.float32) for k, s in expected_shapes(cfg).items()})
-        engine = SimpleNamespace(backend_name="cuda", update_weights=backend.update_weights)
+        zeros = {k: np.zeros(s, np.float32) for k, s in expected_shapes(cfg).items()}
+        engine = Engine(SimpleNamespace(cfg=cfg, weights=zeros, dtype="fp16"), backend="cuda", max_batch_size=8,
+                        max_seq_len=64, device=rank)
         receiver = WeightReceiver(cfg, device="cuda", group=group)
         for i in range(repeats + 2):
             next_update(i)
@@ -81,12 +71,12 @@ def _worker(rank: int, port: int, repeats: int, out_path: str, small: bool) -> N
         torch.distributed.broadcast(broadcast, src=TRAINER)
         bits = lambda a: np.ascontiguousarray(a).view(np.uint16)  # noqa: E731  (NaN-safe equality)
         mismatched = [k for k, w in masters.items()
-                      if not np.array_equal(bits(w.half().cpu().numpy()), bits(cp.asnumpy(backend.weights[k])))]
+                      if not np.array_equal(bits(w.half().cpu().numpy()), bits(cp.asnumpy(engine.backend.weights[k])))]
         sync, broadcast = times[2:].numpy(), broadcast[2:].numpy()
         summary = {
             "what": "split-mode weight sync, trainer on GPU 0 -> engine on GPU 1 (NCCL), fp32 masters "
                     "rounded to fp16 in the engine's buffers; medians after 2 warm-ups",
-            "command": "python -m ratchet.rl.sync_bench --out sync.json",
+            "command": "python -m ratchet.bench.two_gpus --out sync.json",
             "params": n_params, "repeats": repeats, "device": torch.cuda.get_device_name(0),
             "gpus": torch.cuda.device_count(),
             "broadcast_ms": 1e3 * float(np.median(broadcast)),
@@ -102,13 +92,14 @@ def _worker(rank: int, port: int, repeats: int, out_path: str, small: bool) -> N
 
 
 def run(out_path: str, repeats: int = 20, small: bool = False) -> dict:
+    import tempfile
+
     import torch.multiprocessing as mp
 
-    from ratchet.rl.grpo import free_port
-
     if torch.cuda.device_count() < 2:
-        raise RuntimeError(f"sync_bench needs two GPUs; this machine has {torch.cuda.device_count()}")
-    mp.spawn(_worker, args=(free_port(), repeats, out_path, small), nprocs=2, join=True)
+        raise RuntimeError(f"the two-GPU sync bench needs two GPUs; this machine has {torch.cuda.device_count()}")
+    with tempfile.TemporaryDirectory() as tmp:  # torch.distributed's file rendezvous: no port to pick
+        mp.spawn(_worker, args=(f"{tmp}/rendezvous", repeats, out_path, small), nprocs=2, join=True)
     with open(out_path) as f:
         return json.load(f)
 

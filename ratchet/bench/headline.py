@@ -1,5 +1,5 @@
-"""The bench figures the issues track, flattened from a full `bench()` result (no CuPy
-needed: records are written from results fetched off the GPU machine)."""
+"""The figures the issues track, flattened from a full `bench()` result; plain Python, so
+records can be written from results fetched off the GPU machine."""
 
 from __future__ import annotations
 

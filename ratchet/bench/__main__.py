@@ -1,0 +1,3 @@
+from ratchet.bench.run import main
+
+main()

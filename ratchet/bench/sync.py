@@ -1,0 +1,63 @@
+"""The trainer's weights into the engine in place (DLPack, rounded on the GPU) against
+save-and-reload (16-bit safetensors through the host)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+
+import numpy as np
+
+from ratchet.bench.workload import Events
+from ratchet.model import safetensors_io
+
+SYNC_WARMUP, SYNC_REPEATS = 5, 15
+
+
+def bench_sync(backend, weights_torch: dict) -> dict:
+    import torch
+
+    n_params = sum(int(t.numel()) for t in weights_torch.values())
+    # warm-up first: after the HF section the GPU's clocks are still ramping (docs/KERNELS.md)
+    times = []
+    for _ in range(SYNC_WARMUP + SYNC_REPEATS):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        backend.update_weights(weights_torch)
+        times.append(time.perf_counter() - t)
+    inplace = float(np.median(times[SYNC_WARMUP:]))
+    out = {"params": n_params, "inplace_s": inplace,
+           "inplace_GBps (fp32 read + 16-bit write)": n_params * (4 + backend.storage.itemsize) / inplace / 1e9}
+    # the conversion kernel alone (one launch over every tensor), CUDA events on the engine's stream
+    items = list(weights_torch.items())
+    ev = Events()
+    for i in range(SYNC_WARMUP + SYNC_REPEATS):
+        with backend.stream:
+            if i < SYNC_WARMUP:
+                backend.weight_sync.copy(items)
+                continue
+            with ev.time(backend.stream):
+                backend.weight_sync.copy(items)
+    kernel_ms = float(np.median(ev.ms))
+    out.update({"inplace_events_ms (WeightSync.copy call, GPU clock)": kernel_ms,
+                "inplace_events_TBps": n_params * (4 + backend.storage.itemsize) / (kernel_ms * 1e-3) / 1e12})
+    with tempfile.TemporaryDirectory(dir=os.environ.get("RATCHET_BENCH_TMP")) as tmp:
+        path = os.path.join(tmp, "model.safetensors")
+        t = time.perf_counter()
+        host = {k: v.cpu().numpy() for k, v in weights_torch.items()}
+        t_d2h = time.perf_counter() - t
+        t = time.perf_counter()
+        safetensors_io.save(path, host, backend.dtype)
+        t_save = time.perf_counter() - t
+        del host
+        t = time.perf_counter()
+        loaded = safetensors_io.load_fp32(path)
+        t_load = time.perf_counter() - t
+        t = time.perf_counter()
+        backend.update_weights(loaded)
+        t_upload = time.perf_counter() - t
+    out.update({"reload_d2h_s": t_d2h, "reload_save_s": t_save, "reload_load_s": t_load,
+                "reload_upload_s": t_upload, "reload_total_s": t_d2h + t_save + t_load + t_upload})
+    out["speedup"] = out["reload_total_s"] / inplace
+    return out

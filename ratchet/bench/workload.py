@@ -1,0 +1,55 @@
+"""What the benchmarks run on: Qwen2.5-0.5B's shapes with seeded random weights (no download),
+and CUDA-event timing on a stream."""
+
+from __future__ import annotations
+
+import cupy as cp
+
+from ratchet.model.config import ModelConfig
+from ratchet.model.layout import expected_shapes
+
+
+def qwen05_config() -> ModelConfig:
+    return ModelConfig(arch="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864, num_layers=24,
+                       num_heads=14, num_kv_heads=2, head_dim=64, rope_theta=1e6, rms_norm_eps=1e-6,
+                       tie_word_embeddings=True, qkv_bias=True, eos_token_ids=[])
+
+
+def random_torch_weights(cfg: ModelConfig, seed: int = 0) -> dict:
+    """fp32 torch CUDA tensors under the engine names, seeded on the GPU."""
+    import torch
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    out = {}
+    for name, shape in expected_shapes(cfg).items():
+        if "norm" in name:
+            t = 1.0 + 0.05 * torch.randn(shape, device="cuda", generator=gen)
+        elif name.endswith("bias"):
+            t = 0.05 * torch.randn(shape, device="cuda", generator=gen)
+        else:
+            t = (0.1 if name == "embed.weight" else 0.02) * torch.randn(shape, device="cuda", generator=gen)
+        out[name] = t.contiguous()
+    torch.cuda.synchronize()
+    return out
+
+
+class Events:
+    """CUDA-event timing on a CuPy stream: `with ev.time(stream): ...`, then ev.ms."""
+
+    def __init__(self):
+        self.ms: list[float] = []
+
+    def time(self, stream):
+        ev = self
+
+        class _Ctx:
+            def __enter__(self):
+                self.start, self.end = cp.cuda.Event(), cp.cuda.Event()
+                self.start.record(stream)
+
+            def __exit__(self, *exc):
+                self.end.record(stream)
+                self.end.synchronize()
+                ev.ms.append(cp.cuda.get_elapsed_time(self.start, self.end))
+
+        return _Ctx()
