@@ -10,7 +10,7 @@ from ratchet.engine.engine import Engine
 from ratchet.engine.request import Request
 from ratchet.engine.sampler import sample
 from ratchet.engine.sampling import SamplingBatch
-from ratchet.mismatch.metrics import gap_metrics
+from ratchet.gap import gap_metrics
 from test_engine import tiny_model
 
 

@@ -40,7 +40,7 @@ import json, os, sys
 from pathlib import Path
 import pandas as pd
 from ratchet import config
-from ratchet.mismatch.fix import AblateSettings
+from ratchet.mismatch.ablation import AblateSettings
 from ratchet.stages.ablate import records
 cfg = config.load(Path("config/local.yaml"), [])
 a = Path("results/local/ablate")

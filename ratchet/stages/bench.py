@@ -8,7 +8,7 @@ import json
 
 from ratchet.device import cuda_available, describe
 from ratchet.paths import RunPaths
-from ratchet.stages.outputs import write_json
+from ratchet.atomic import write_json
 from ratchet.tracking import code_version
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ratchet.errors import MissingInputError, SourceUnavailableError
 from ratchet.paths import RunPaths
-from ratchet.stages.outputs import write_json
+from ratchet.atomic import write_json
 from ratchet.tracking import sha256_of
 
 HUB_PATTERNS = ["*.json", "*.safetensors", "merges.txt", "vocab.json", "tokenizer*"]
