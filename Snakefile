@@ -30,6 +30,8 @@ rule all:
         rules.eval_baseline.output.summary,
         rules.eval_after_colocated.output.summary,
         rules.eval_after_split.output.summary,
+        rules.export_colocated.output.record,
+        rules.export_split.output.record,
         rules.verify.output.repro,
         rules.report.output.summary,
     default_target: True

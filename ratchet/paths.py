@@ -152,6 +152,12 @@ class RunPaths:
     def train_manifest(self, mode: str) -> Path:
         return self.train_model(mode) / "manifest.json"
 
+    def export_dir(self, mode: str) -> Path:
+        return self.root / "export" / mode
+
+    def export_record(self, mode: str) -> Path:
+        return self.root / "export" / f"{mode}.json"
+
     def checkpoints(self, mode: str) -> Path:
         return self.train_dir(mode) / "checkpoints"
 

@@ -78,3 +78,28 @@ def test_export_in_a_narrower_dtype_says_whether_it_rounded(tmp_path):
     assert not record["lossless"]  # random fp32 values are off the bf16 grid
     config = json.loads((tmp_path / "bf16" / "config.json").read_text())
     assert config["torch_dtype"] == "bfloat16"
+
+
+@pytest.mark.slow
+def test_the_export_stage_gives_the_trained_models_logits_in_transformers(tmp_path, monkeypatch):
+    from ratchet.config import validate
+    from ratchet.model.io import load_engine_model
+    from ratchet.paths import RunPaths
+    from ratchet.stages import run_stage
+
+    monkeypatch.setenv("RATCHET_TRACKING", "off")
+    cfg = validate({"results_dir": str(tmp_path / "results"), "model": {"tiny": {"init_std": 0.1}},
+                    "train": {"steps": 3, "checkpoint_every": 3, "eval_every": 0}})
+    for stage in ("download_model", "download_data", "convert_weights", "build_engine",
+                  "train_colocated", "export_colocated"):
+        run_stage(stage, cfg)
+    paths = RunPaths.from_config(cfg)
+    record = json.loads(paths.export_record("colocated").read_text())
+    assert record["dtype"] == "fp32" and record["lossless"]  # the tiny source is fp32; fp16 values fit
+    trained = load_engine_model(paths.train_model("colocated"))
+    policy = Policy.from_weights(trained.cfg, trained.weights)
+    hf = AutoModelForCausalLM.from_pretrained(paths.export_dir("colocated")).eval()
+    ids = torch.randint(0, trained.cfg.vocab_size, (2, 16), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ours, theirs = _logits(policy, ids), hf(ids).logits
+    assert float((ours - theirs).abs().max() / theirs.abs().max()) <= 1e-5

@@ -68,6 +68,11 @@ STAGES: dict[str, Stage] = {
                                 reads=lambda p, m=m: [p.train_manifest(m), p.test_data],
                                 writes=lambda p, m=m: [p.eval_json(f"after_{m}"), p.eval_answers(f"after_{m}")])
        for m in MODES},
+    **{f"export_{m}": Stage("ratchet.stages.export", ("model",),
+                            f"the {m} training's weights in the Hugging Face format",
+                            reads=lambda p, m=m: [p.train_manifest(m), p.source_done],
+                            writes=lambda p, m=m: [p.export_record(m), p.export_dir(m) / "model.safetensors"])
+       for m in MODES},
     "verify": Stage("ratchet.stages.verify", ("data", "engine", "eval", "train"),
                     "rerun the first steps of each training mode and compare them bit for bit",
                     reads=lambda p: [p.train_trace(m) for m in MODES], writes=lambda p: [p.verify_json]),

@@ -116,3 +116,39 @@ rule verify:
         P.benchmark("verify")
     shell:
         ratchet_cmd("verify")
+
+
+rule export_colocated:
+    input:
+        manifest=rules.train_colocated.output.manifest,
+        source=rules.download_model.output.record,
+    output:
+        model=directory(P.export_dir("colocated")),
+        record=P.export_record("colocated"),
+    params:
+        settings=stage_settings("export_colocated"),
+    priority: 5
+    conda:
+        "../envs/ratchet.yaml"
+    log:
+        P.log("export_colocated"),
+    shell:
+        ratchet_cmd("export_colocated")
+
+
+rule export_split:
+    input:
+        manifest=rules.train_split.output.manifest,
+        source=rules.download_model.output.record,
+    output:
+        model=directory(P.export_dir("split")),
+        record=P.export_record("split"),
+    params:
+        settings=stage_settings("export_split"),
+    priority: 5
+    conda:
+        "../envs/ratchet.yaml"
+    log:
+        P.log("export_split"),
+    shell:
+        ratchet_cmd("export_split")

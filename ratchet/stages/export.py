@@ -1,0 +1,46 @@
+"""export_colocated / export_split: a training's final weights in the Hugging Face format
+(results/<run>/export/<mode>/), for transformers, vLLM or the hub: the source's tensor names,
+the source's dtype (the engine's for a GGUF source), the tokenizer and a generation config."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ratchet.atomic import write_json
+from ratchet.paths import RunPaths
+
+HF_NAMES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+
+
+def source_dtype(record: dict, engine_dtype: str) -> str:
+    """The dtype the source model was released in; a GGUF file has none of ours: the engine's."""
+    if record["kind"] != "hf":
+        return engine_dtype
+    hf = json.loads((Path(record["path"]) / "config.json").read_text())
+    return HF_NAMES.get(hf.get("torch_dtype") or hf.get("dtype"), engine_dtype)
+
+
+def _export(cfg: dict, run, mode: str) -> None:
+    from ratchet.model.export_hf import export_hf
+    from ratchet.model.io import load_engine_model
+
+    paths = RunPaths.from_config(cfg)
+    model = load_engine_model(paths.train_model(mode))
+    dtype = source_dtype(json.loads(paths.source_done.read_text()), model.dtype)
+    record = export_hf(model, paths.export_dir(mode), dtype, tokenizer_dir=paths.train_model(mode))
+    record["mode"] = mode
+    write_json(paths.export_record(mode), record)
+    print(f"[export_{mode}] {record['num_tensors']} tensors in {dtype} "
+          f"({'lossless' if record['lossless'] else 'rounded from ' + model.dtype}) -> {paths.export_dir(mode)}")
+    run.set_tags({"export.dtype": dtype, "export.lossless": str(record["lossless"])})
+    run.log_output(paths.export_record(mode))
+    run.log_output(paths.export_dir(mode) / "model.safetensors")
+
+
+def export_colocated(cfg: dict, run) -> None:
+    _export(cfg, run, "colocated")
+
+
+def export_split(cfg: dict, run) -> None:
+    _export(cfg, run, "split")
