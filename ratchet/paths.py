@@ -130,6 +130,10 @@ class RunPaths:
         return self.report / "summary.md"
 
     @property
+    def report_summary_html(self) -> Path:
+        return self.report / "summary.html"
+
+    @property
     def report_training_figure(self) -> Path:
         return self.report / "training.png"
 

@@ -131,6 +131,7 @@ class StageRun:
         self.client = None
         self.run_id: str | None = None
         self._metrics: list = []
+        self._children: dict[str, StageRun] = {}
 
     # -- lifecycle --------------------------------------------------------------------
     def __enter__(self) -> "StageRun":
@@ -158,9 +159,32 @@ class StageRun:
     def __exit__(self, exc_type, exc, tb) -> None:
         if self.client is None:
             return
+        status = "FAILED" if exc_type else "FINISHED"
+        for child in self._children.values():
+            child.flush()
+            with store_lock(self.results_dir):
+                self.client.set_terminated(child.run_id, status)
         self.flush()
         with store_lock(self.results_dir):
-            self.client.set_terminated(self.run_id, "FAILED" if exc_type else "FINISHED")
+            self.client.set_terminated(self.run_id, status)
+
+    def variant(self, name: str, params: dict | None = None) -> "StageRun":
+        """A run nested under this one for one variant of the stage (an ablation run, a source
+        of the gap): MLflow's compare view then sets variants side by side under shared
+        metric names. Created on first use, closed with this run."""
+        child = self._children.get(name)
+        if child is None:
+            child = self._children[name] = StageRun(self.stage, self.cfg)
+            if self.client is not None:
+                child.client = self.client
+                tags = {"mlflow.parentRunId": self.run_id, "ratchet.stage": self.stage,
+                        "ratchet.variant": name, "ratchet.run_name": self.cfg["run_name"]}
+                with store_lock(self.results_dir):
+                    run = self.client.create_run(self._experiment_id(), tags=tags,
+                                                 run_name=f"{self.cfg['run_name']}/{self.stage}/{name}")
+                child.run_id = run.info.run_id
+                child._log_batch(params={"variant": name, **{k: str(v) for k, v in (params or {}).items()}})
+        return child
 
     # -- logging ----------------------------------------------------------------------
     def log_metrics(self, metrics: dict[str, float], step: int = 0) -> None:

@@ -18,7 +18,7 @@ from ratchet import config as config_mod
 from ratchet.paths import RunPaths
 
 ROOT = Path(__file__).resolve().parents[1]
-PREPARE = ("download_model", "download_data", "convert_weights")
+PREPARE = ("download_model", "download_data", "convert_weights", "build_engine")
 
 
 def prepare(results: Path, *overrides: str) -> dict:
@@ -315,10 +315,10 @@ def test_tiny_default_learns_in_both_modes(tmp_path):
 
     cfg = prepare(tmp_path / "results")
     paths = RunPaths.from_config(cfg)
-    env = {**os.environ, "RATCHET_TRACKING": "off"}
-    cli = lambda mode: [sys.executable, "-m", "ratchet", f"train_{mode}",  # noqa: E731
-                        f"results_dir={tmp_path / 'results'}",
-                        "--config", str(ROOT / "config" / "config.yaml")]
+    # as the rules start them: the validated config through the environment (two hand-run
+    # stages would refuse to share the run directory)
+    env = {**os.environ, "RATCHET_TRACKING": "off", "RATCHET_CONFIG_JSON": json.dumps(cfg)}
+    cli = lambda mode: [sys.executable, "-m", "ratchet", f"train_{mode}", "--config-from-env"]  # noqa: E731
     procs = {m: subprocess.Popen(cli(m), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                  text=True) for m in ("colocated", "split")}
     logs = {m: p.communicate(timeout=600)[0] for m, p in procs.items()}

@@ -178,3 +178,11 @@ def test_accuracy_table_states_the_paired_gain():
     row = table.set_index("eval").loc["after colocated", "gain (paired)"]
     assert row.startswith("+50.00 ± 28.87 points (+2 / -0)")
     assert table.set_index("eval").loc["baseline", "gain (paired)"] == ""
+
+
+def test_the_summary_is_also_a_page_with_real_tables():
+    from ratchet.stages.report import summary_html
+
+    page = summary_html("# run\n\n| a | b |\n|---|---|\n| 1 | 2 |\n", "tiny")
+    assert "<table>" in page and "<th>a</th>" in page and "<td>2</td>" in page
+    assert page.startswith("<!DOCTYPE html>") and "<title>ratchet tiny</title>" in page

@@ -14,6 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 SOURCE_STYLE = {  # source -> (label, colour, line style)
     "total": ("total: engine vs fp32 trainer", "black", "-"),
@@ -36,6 +37,16 @@ def _save(fig, path: Path) -> Path:
     plt.close(fig)
     tmp.replace(path)
     return path
+
+
+def _steps_axis(ax, label: str = "step") -> None:
+    ax.set_xlabel(label)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _legend_below(ax, ncol: int = 2) -> None:
+    """The legend under its axes, never over the lines."""
+    ax.legend(fontsize=8, ncol=ncol, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
 
 
 def placeholder(path: Path, text: str) -> Path:
@@ -74,6 +85,7 @@ def decomposition_figure(frame: pd.DataFrame, path: Path) -> Path:
             ax.set_xticks(ticks)
             ax.set_xticklabels([str(t) for t in ticks])
             ax.set_title(f"{dtype} engine: {title}")
+            ax.set_ylabel(f"{title} per token (log)")
             ax.grid(True, which="both", alpha=0.3)
             if row == 1:
                 ax.set_xlabel("GRPO updates")
@@ -98,14 +110,15 @@ def visibility_figure(frame: pd.DataFrame, path: Path) -> Path:
                  label=f"masters off the {dtype} grid")
     ax1.set_yscale("log")
     ax1.set_title("Which updates the engine sees")
-    ax1.set_xlabel("update")
-    ax1.set_ylabel("share of weights")
+    _steps_axis(ax1, "update")
+    ax1.set_ylabel("share of weights (log)")
     ax2.set_title("fp32 masters the engine cannot hold")
-    ax2.set_xlabel("updates")
+    _steps_axis(ax2, "updates")
+    ax2.set_ylabel("share of masters")
     ax2.set_ylim(-0.02, 1.02)
     for ax in (ax1, ax2):
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
+        _legend_below(ax)
     return _save(fig, path)
 
 
@@ -126,12 +139,13 @@ def fix_figure(steps: pd.DataFrame, path: Path) -> Path:
                  label=run)
     ax1.set_yscale("log")
     ax1.set_title("|Δ log p|, engine vs trainer as it computes the loss")
-    ax1.set_xlabel("step")
+    ax1.set_ylabel("|Δ log p| per token (log)")
     ax2.set_title("reward (running mean of 5 steps)")
-    ax2.set_xlabel("step")
-    for ax in (ax1, ax2):
+    ax2.set_ylabel("mean reward")
+    for ax, ncol in ((ax1, 3), (ax2, 5)):
+        _steps_axis(ax)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7, ncol=2)
+        _legend_below(ax, ncol)
     return _save(fig, path)
 
 
@@ -154,10 +168,12 @@ def training_figure(train: dict[str, pd.DataFrame | None], path: Path) -> Path:
             ax2.plot(df["step"], _positive(df["mismatch/logprob_abs_diff_max"]), color=colour, ls=":",
                      label=f"{mode}: max")
     ax1.set_title("reward (running mean of 5 steps)")
+    ax1.set_ylabel("mean reward")
     ax2.set_title("|Δ log p|, engine vs trainer")
+    ax2.set_ylabel("|Δ log p| per token (log)")
     ax2.set_yscale("log")
     for ax in (ax1, ax2):
-        ax.set_xlabel("step")
+        _steps_axis(ax)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
+        _legend_below(ax)
     return _save(fig, path)

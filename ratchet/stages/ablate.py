@@ -92,9 +92,15 @@ def ablate_decompose(cfg: dict, run) -> None:
 
     def log(updates, rows):
         progress.update(updates)
-        run.log_metrics({f"decompose/{r['engine_dtype']}/{r['source']}/{m}": r[m] for r in rows
-                         for m in ("abs_diff_mean", "abs_diff_p99", "abs_diff_max",
-                                   "ratio_outside_share")}, step=updates)
+        for r in rows:  # one nested run per (engine dtype, source), the training runs' metric names
+            variant = run.variant(f"{r['engine_dtype']}/{r['source']}",
+                                  {"engine_dtype": r["engine_dtype"], "source": r["source"],
+                                   "reference": r["reference"], "against": r["against"]})
+            variant.log_metrics({f"mismatch/logprob_{k}": r[k] for k in ("abs_diff_mean", "abs_diff_p99",
+                                                                          "abs_diff_max")}
+                                | {"mismatch/ratio_outside_share": r["ratio_outside_share"],
+                                   "mismatch/kl_k3": r["kl_k3"], "mismatch/num_tokens": r["num_tokens"]},
+                                step=updates)
         for r in rows:
             print(f"[ablate_decompose] {updates:3d} updates  {r['engine_dtype']} {r['source']:16s} "
                   f"mean {r['abs_diff_mean']:.2e}  p99 {r['abs_diff_p99']:.2e}  "
@@ -102,8 +108,10 @@ def ablate_decompose(cfg: dict, run) -> None:
 
     def log_visibility(update, rows):
         progress.update(update)
-        run.log_metrics({f"visibility/{r['dtype']}/{k}": r[k] for r in rows
-                         for k in ("changed_share", "off_grid_share")}, step=update)
+        for r in rows:
+            run.variant(f"{r['dtype']}/visibility", {"engine_dtype": r["dtype"]}).log_metrics(
+                {"sync/visible_share": r["changed_share"], "sync/masters_off_grid_share": r["off_grid_share"],
+                 "sync/masters_moved_share": r["moved_share"]}, step=update)
         print(f"[ablate_decompose] visibility, update {update:3d}  " + "  ".join(
             f"{r['dtype']} changed {r['changed_share']:.4f} off-grid {r['off_grid_share']:.4f}"
             for r in rows), flush=True)
@@ -115,7 +123,16 @@ def ablate_decompose(cfg: dict, run) -> None:
 
 
 # ---------------------------------------------------------------------------- fix
+# fix_runs' per-step columns -> the metric names of the training runs
+FIX_METRICS = {"reward": "train/reward", "num_tokens": "train/num_tokens", "updates": "train/num_updates_total",
+               "is_weight_mean": "train/is_weight_mean", "is_masked_share": "train/is_masked_share",
+               "clip_fraction": "train/clip_fraction", "gap_mean": "mismatch/logprob_abs_diff_mean",
+               "gap_p99": "mismatch/logprob_abs_diff_p99", "gap_max": "mismatch/logprob_abs_diff_max",
+               "ratio_outside_share": "mismatch/ratio_outside_share", "kl_k3": "mismatch/kl_k3"}
+
+
 def ablate_fix(cfg: dict, run) -> None:
+    from ratchet.mismatch.ablation import FIX_RUNS
     from ratchet.mismatch.fix import fix_runs
     from ratchet.report.figures import fix_figure
 
@@ -126,8 +143,10 @@ def ablate_fix(cfg: dict, run) -> None:
     progress = Progress("ablate_fix", len(settings.fix_runs) * settings.fix_steps)
 
     def log(name, step, row):
-        run.log_metrics({f"fix/{name}/{k}": v for k, v in row.items()
-                         if k not in ("run", "step") and np.isfinite(v)}, step=step)
+        # one nested run per fix run, under the names the trainings log (train/..., mismatch/...)
+        variant = run.variant(name, {"fix_run": name, **FIX_RUNS[name]})
+        variant.log_metrics({FIX_METRICS[k]: v for k, v in row.items()
+                             if k in FIX_METRICS and np.isfinite(v)}, step=step)
         progress.update(settings.fix_runs.index(name) * settings.fix_steps + step + 1,
                         f"{name} reward {row['reward']:.3f}")
 

@@ -79,7 +79,8 @@ STAGES: dict[str, Stage] = {
     "report": Stage("ratchet.stages.report", ("engine", "ablate"),
                     "every table and figure of the run, and the ablations' headline numbers",
                     reads=lambda p: [p.eval_json("baseline"), p.decompose_table, p.visibility_table, p.fix_table],
-                    writes=lambda p: [p.report_summary, p.report_training_figure, p.ablate_summary]),
+                    writes=lambda p: [p.report_summary, p.report_summary_html, p.report_training_figure,
+                                      p.ablate_summary]),
 }
 
 

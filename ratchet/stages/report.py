@@ -80,6 +80,19 @@ def write_ablation_records(cfg: dict, inputs, run) -> dict:
     return record
 
 
+def summary_html(markdown_text: str, run_name: str) -> str:
+    """The summary as a page, so that `snakemake --report` shows its tables instead of offering
+    a Markdown file to download."""
+    import markdown
+
+    body = markdown.markdown(markdown_text, extensions=["tables"])
+    style = ("body{font-family:sans-serif;max-width:72em;margin:1em auto}table{border-collapse:collapse;"
+             "margin:.5em 0}td,th{border:1px solid #ccc;padding:.2em .5em;text-align:right}"
+             "th{background:#f3f3f3}img{max-width:100%}")
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>ratchet {run_name}</title>"
+            f"<style>{style}</style></head><body>{body}</body></html>\n")
+
+
 def report(cfg: dict, run) -> None:
     from ratchet.report.figures import training_figure
     from ratchet.report.summary import build_summary
@@ -93,6 +106,7 @@ def report(cfg: dict, run) -> None:
     inputs.figures["training"] = os.path.relpath(paths.report_training_figure, paths.report)
     text = build_summary(inputs)
     write_text(paths.report_summary, text + "\n")
+    write_text(paths.report_summary_html, summary_html(text, cfg["run_name"]))
     missing = [name for name, v in [("baseline", inputs.baseline),
                                     *[(f"after {m}", e) for m, e in inputs.after.items()],
                                     *[(f"train {m}", d) for m, d in inputs.train.items()],
@@ -102,6 +116,7 @@ def report(cfg: dict, run) -> None:
     print(f"[report] {paths.report_summary}" + (f" (not run yet: {', '.join(missing)})" if missing else ""))
     run.set_tags({"report.not_run": ",".join(missing) or "none"})
     run.log_output(paths.report_summary)
+    run.log_output(paths.report_summary_html)
     run.log_output(paths.report_training_figure)
     for name in ("decompose", "visibility", "fix"):
         figure = getattr(paths, f"{name}_figure")

@@ -9,11 +9,12 @@ rule report:
         fix=rules.ablate_fix.output.table,
         training=lambda wildcards: training_inputs(P, workflow.rules),
     output:
-        summary=report(
-            P.report_summary,
+        summary=P.report_summary,
+        summary_html=report(
+            P.report_summary_html,
             caption="../report/summary.rst",
             category="Summary",
-            labels={"file": "summary.md"},
+            labels={"file": "summary"},
         ),
         training=report(
             P.report_training_figure,
