@@ -60,3 +60,23 @@ def test_a_results_dir_with_a_space_runs_a_rule(tmp_path):
     assert not (tmp_path / "my").exists()  # no stray file from an unquoted path
     assert "ratchet: tiny done; results in my results/tiny/" in proc.stdout + proc.stderr
     assert "mlflow ui" not in proc.stdout + proc.stderr  # tracking is off in this test
+
+
+def test_a_bad_data_file_shows_its_one_line_error_on_the_console(tmp_path):
+    from ratchet.model.tiny import make_tiny_model
+
+    model = make_tiny_model(tmp_path / "model", vocab_size=32, hidden_size=32, intermediate_size=64,
+                            num_layers=1)
+    rows = [{"question": f"q{i}", "answer": f"a\n#### {i}"} for i in range(10)] + [{"question": "q10"}]
+    bad = tmp_path / "noanswer.jsonl"
+    bad.write_text("".join(__import__("json").dumps(r) + "\n" for r in rows))
+    good = tmp_path / "test.jsonl"
+    good.write_text('{"question": "q", "answer": "a\\n#### 1"}\n')
+    proc = _snakemake(tmp_path, "--config", "set=" + " ".join([
+        "run_name=bad", "model.source=local", f"model.path={model}", "data.source=local",
+        f"data.train_path={bad}", f"data.test_path={good}"]), "--", "download_data")
+    assert proc.returncode != 0
+    line = f"ratchet: {bad} line 11: missing column 'answer'"
+    assert line in proc.stdout + proc.stderr  # the failed rule's log, shown on the console
+    log = (tmp_path / "results" / "bad" / "logs" / "download_data.log").read_text()
+    assert log.strip().splitlines()[-1] == line and "Traceback" not in log
