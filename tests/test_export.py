@@ -103,3 +103,30 @@ def test_the_export_stage_gives_the_trained_models_logits_in_transformers(tmp_pa
     with torch.no_grad():
         ours, theirs = _logits(policy, ids), hf(ids).logits
     assert float((ours - theirs).abs().max() / theirs.abs().max()) <= 1e-5
+
+
+def test_the_real_gguf_models_export_loads_in_transformers_with_the_trainers_logits(real_gguf, tmp_path):
+    """Qwen2.5-Coder-0.5B-Instruct from its GGUF file, converted to the engine's fp16 as the
+    pipeline does, exported (fp16: a GGUF has no dtype of ours), loaded by transformers."""
+    from ratchet.model.convert_gguf import convert_gguf
+    from ratchet.model.dtypes import round_to
+
+    cfg, weights = convert_gguf(real_gguf, tmp_path / "tok")
+    weights = {k: round_to(v, "fp16") for k, v in weights.items()}
+    record = export_hf(EngineModel(cfg, weights, "fp16"), tmp_path / "export", "fp16", tmp_path / "tok")
+    assert record["lossless"]
+    policy = Policy.from_weights(cfg, weights)
+    del weights
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "export")
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "Write fib(n) in Python."}],
+                                         tokenize=False, add_generation_prompt=True)
+    assert text.startswith("<|im_start|>")
+    ids = torch.tensor([tokenizer.encode(text)[:16]])
+    with torch.no_grad():
+        ours = _logits(policy, ids)
+        del policy
+        hf = AutoModelForCausalLM.from_pretrained(tmp_path / "export", dtype=torch.float32).eval()
+        theirs = hf(ids).logits
+    rel = float((ours - theirs).abs().max() / theirs.abs().max())
+    print(f"real model export: max |logits diff| / max |logits| = {rel:.2e}")
+    assert rel <= 1e-5

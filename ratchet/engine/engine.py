@@ -294,6 +294,13 @@ class Engine:
 
 
 def _progress_bar(total: int):
+    """On the console the user watches (a rule's: its fd 3); redrawn in place on a terminal,
+    a line every 5 s elsewhere."""
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, unit="req", desc="generate", dynamic_ncols=True)
+    from ratchet.progress import console
+
+    out = console()
+    tty = hasattr(out, "isatty") and out.isatty()
+    return tqdm(total=total, unit="req", desc="generate", dynamic_ncols=True, file=out,
+                mininterval=0.1 if tty else 5.0)

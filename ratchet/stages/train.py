@@ -66,8 +66,9 @@ def _train(cfg: dict, run, mode: str) -> None:
     def log(metrics: dict, step: int) -> None:
         run.log_metrics(metrics, step)
         if "train/reward" in metrics:
-            progress.update(step + 1, f"reward {metrics['train/reward']:.3f}",
-                            unit_seconds=metrics.get("time/step_s"))
+            seconds = metrics.get("time/step_s")
+            rate = f", {metrics['train/num_tokens'] / seconds:.0f} trained tok/s" if seconds else ""
+            progress.update(step + 1, f"reward {metrics['train/reward']:.3f}{rate}", unit_seconds=seconds)
 
     summary = run_mode(job, mode, log=log)
     run.set_tags({"train.mode": mode, "train.weights_sha256": summary["weights_sha256"],
