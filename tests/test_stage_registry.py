@@ -1,0 +1,48 @@
+"""The stage registry and the Snakemake rules agree: every rule is a registered stage, reads at
+least what the registry says it reads, and writes exactly what it says it writes."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from ratchet.config import validate
+from ratchet.paths import RunPaths
+from ratchet.stages import STAGES
+
+ROOT = Path(__file__).resolve().parents[1]
+NOT_STAGES = {"all", "resolved_config"}  # the target, and the config dump (`ratchet config`)
+
+
+def _dry_run(workdir: Path) -> dict[str, dict[str, set[str]]]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RATCHET_", "MLFLOW_"))}
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"),
+                           "--directory", str(workdir), "-n", "--cores", "1", "--", "all", "bench",
+                           "resolved_config"], capture_output=True, text=True, env={**env, "RATCHET_TRACKING": "off"},
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rules, current = {}, None
+    for line in proc.stdout.splitlines():
+        if m := re.match(r"^(?:local)?rule (\w+):", line):
+            current = rules.setdefault(m.group(1), {"input": set(), "output": set()})
+        elif current is not None and (m := re.match(r"^\s+(input|output): (.*)", line)):
+            current[m.group(1)] |= set(m.group(2).split(", "))
+    return rules
+
+
+def test_rules_and_registry_name_the_same_paths(tmp_path):
+    rules = _dry_run(tmp_path)
+    assert set(rules) - NOT_STAGES == set(STAGES)
+    paths = RunPaths.from_config(validate({}))
+    for name, stage in STAGES.items():
+        declared = rules[name]
+        reads = {str(p) for p in stage.reads(paths)}
+        writes = {str(p) for p in stage.writes(paths)}
+        assert reads <= declared["input"], (name, reads - declared["input"])
+        for path in writes:  # each written path is an output, or inside a directory output
+            assert any(path == out or path.startswith(out + "/") for out in declared["output"]), (name, path)
+        for out in declared["output"]:  # and no output is missing from the registry
+            assert any(w == out or w.startswith(out + "/") for w in writes), (name, out)
