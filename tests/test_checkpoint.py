@@ -29,8 +29,8 @@ def prepare(results: Path, *overrides: str) -> dict:
 
     os.environ["RATCHET_TRACKING"] = "off"
     cfg = config_mod.load(ROOT / "config" / "config.yaml", [f"results_dir={results}", *overrides])
-    for stage in ("download_model", "download_data", "convert_weights"):
-        run_stage(stage, cfg)
+    for stage in ("download_model", "download_data", "convert_weights", "build_engine"):
+        run_stage(stage, cfg)  # a training run by hand checks its inputs: the built engine too
     return cfg
 
 

@@ -34,7 +34,8 @@ def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.Compl
 def outputs_mtimes(results: Path) -> dict[str, float]:
     return {str(p.relative_to(results)): p.stat().st_mtime_ns
             for p in results.rglob("*") if p.is_file() and "logs" not in p.parts
-            and "benchmarks" not in p.parts and p.suffix in (".json", ".parquet", ".safetensors")}
+            and "benchmarks" not in p.parts and p.suffix in (".json", ".parquet", ".safetensors")
+            and not any(part.startswith(".") for part in p.relative_to(results).parts)}  # stamps, markers
 
 
 @pytest.fixture(scope="module")
