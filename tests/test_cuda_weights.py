@@ -6,17 +6,40 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from random_model import random_weights
+from test_cuda_engine import host, small_config
 
 from ratchet.engine.sampling import SamplingBatch
 from ratchet.model.dtypes import round_to
 from ratchet.model.layout import expected_shapes
-from random_model import random_weights
-from test_cuda_engine import host, small_config
 
 pytestmark = pytest.mark.gpu
 
 
 # ------------------------------------------------------------------ weight sync
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32"])
+def test_cuda_checksums_are_the_numpy_engines_and_torchs(dtype):
+    """sync/weights_parity compares these: the CUDA buffers' checksums against the masters
+    rounded by torch, and against the NumPy engine holding the same weights."""
+    import torch
+
+    from ratchet.engine.cuda.backend import CudaBackend
+    from ratchet.engine.numpy.backend import NumpyBackend
+    from ratchet.rl.telemetry import torch_checksum
+    from ratchet.trainer.precision import torch_dtype
+
+    cfg = small_config("a")
+    masters = random_weights(cfg, seed=5)  # fp32, off every 16-bit grid
+    cuda, reference = CudaBackend(cfg, dtype, 4, 64), NumpyBackend(cfg, dtype, 4, 64)
+    cuda.load_weights({k: round_to(v, dtype) for k, v in masters.items()})
+    reference.load_weights({k: round_to(v, dtype) for k, v in masters.items()})
+    cuda.update_weights({k: torch.from_numpy(v).cuda() for k, v in masters.items()})  # rounded on the GPU
+    held = cuda.weight_checksums()
+    assert held == reference.weight_checksums()
+    for name, w in masters.items():
+        assert held[name] == torch_checksum(torch.from_numpy(w).cuda().to(torch_dtype(dtype))), name
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])

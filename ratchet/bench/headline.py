@@ -26,6 +26,10 @@ def headline(results: dict) -> dict:
         "sampler_ms_python_launch": get("sampler", "ours_ms"),
         "sampler_ms_back_to_back": get("sampler", "ours_ms_back_to_back"),
         "torch_sort_sampler_ms": get("sampler", "torch_top_p_sort_ms"),
+        "telemetry_trainer_ms": None if get("telemetry", "trainer_s_median") is None
+        else 1e3 * get("telemetry", "trainer_s_median"),
+        "telemetry_engine_ms": None if get("telemetry", "engine_s_median") is None
+        else 1e3 * get("telemetry", "engine_s_median"),
     }
     if out["decode_ms_per_step_b64"] and out["hf_ms_per_step_b64"]:
         out["decode_speedup_vs_hf_b64"] = out["hf_ms_per_step_b64"] / out["decode_ms_per_step_b64"]

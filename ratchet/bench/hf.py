@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+
 def bench_hf(batch=64, prompt_len=128, new_tokens=32, seed=0) -> dict:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -18,7 +19,7 @@ def bench_hf(batch=64, prompt_len=128, new_tokens=32, seed=0) -> dict:
     ids = torch.randint(0, cfg.vocab_size, (batch, prompt_len), device="cuda")
     mask = torch.ones_like(ids)
 
-    def gen(n):
+    def gen(n, model=model):  # bound here: `del model` below ends the function's own name
         torch.cuda.synchronize()
         t = time.perf_counter()
         with torch.no_grad():

@@ -1,7 +1,8 @@
 """The one-GPU benchmark on Qwen2.5-0.5B shapes with random weights, section by section (one
 broken section does not hide the others): decode (B = 64: overlapped as the engine runs it,
 plain, graph replay), profile and profile_big (kernels of a B = 64 / 512 step), throughput
-(B = 512), engine, hf (transformers beside it), sync, sampler. Medians after warm-up."""
+(B = 512), engine, hf (transformers beside it), sync, sampler, telemetry (sync/weights_parity's cost).
+Medians after warm-up."""
 
 from __future__ import annotations
 
@@ -12,16 +13,22 @@ import traceback
 
 import cupy as cp
 
-from ratchet.bench.decode import bench_decode, bench_engine, bench_throughput, profile_decode
+from ratchet.bench.decode import (
+    bench_decode,
+    bench_engine,
+    bench_throughput,
+    profile_decode,
+)
 from ratchet.bench.headline import headline
 from ratchet.bench.hf import bench_hf
 from ratchet.bench.sampler import bench_sampler
 from ratchet.bench.sync import bench_sync
+from ratchet.bench.telemetry import bench_telemetry
 from ratchet.bench.workload import qwen05_config, random_torch_weights
 from ratchet.engine.cuda import launch
 from ratchet.engine.factory import make_backend
 
-SECTIONS = ("decode", "profile", "throughput", "profile_big", "engine", "hf", "sync", "sampler")
+SECTIONS = ("decode", "profile", "throughput", "profile_big", "engine", "hf", "sync", "sampler", "telemetry")
 
 
 def bench(batch: int = 64, big_batch: int = 512, prompt_len: int = 128, new_tokens: int = 256,
@@ -31,7 +38,7 @@ def bench(batch: int = 64, big_batch: int = 512, prompt_len: int = 128, new_toke
                      "programmatic_dependent_launch": launch.enabled()}
     cfg = qwen05_config()
     backend = weights = None
-    if {"decode", "profile", "throughput", "profile_big", "engine", "sync"} & set(sections):
+    if {"decode", "profile", "throughput", "profile_big", "engine", "sync", "telemetry"} & set(sections):
         t = time.perf_counter()
         weights = random_torch_weights(cfg, seed)
         backend = make_backend("cuda", cfg, dtype, max(batch, big_batch), prompt_len + new_tokens)
@@ -56,6 +63,8 @@ def bench(batch: int = 64, big_batch: int = 512, prompt_len: int = 128, new_toke
                 results[name] = bench_sync(backend, weights)
             elif name == "sampler":
                 results[name] = bench_sampler(batch, cfg.vocab_size, seed)
+            elif name == "telemetry":
+                results[name] = bench_telemetry(backend, weights, dtype)
         except Exception as e:  # one broken section must not hide the others
             results[name] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
         results.setdefault(name, {})["section_s"] = time.perf_counter() - t

@@ -39,6 +39,11 @@ class Backend(Protocol):
         rounded there. Every slot is empty afterwards."""
         ...
 
+    def weight_checksums(self) -> dict[str, tuple[int, int]]:
+        """Each stored tensor's `ratchet.model.checksum` over its bits as the engine holds them
+        (the trainer compares it with its masters rounded: sync/weights_parity)."""
+        ...
+
     def prefill(self, slot: int, token_ids: Sequence[int], start_pos: int = 0) -> np.ndarray:
         """Caches token_ids at start_pos.. of `slot` (positions below must hold this sequence:
         start_pos > 0 appends); float32 logits [V] of the last position only."""

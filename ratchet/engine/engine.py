@@ -147,6 +147,11 @@ class Engine:
                                "cancel or finish them first")
         self._drain()
 
+    def weight_checksums(self) -> dict[str, tuple[int, int]]:
+        """Each weight tensor's checksum as the engine holds it (ratchet/model/checksum.py)."""
+        self.drain("weight_checksums")
+        return self.backend.weight_checksums()
+
     def score(self, prompts: list[list[int]], answers: list[list[int]], temperature: float = 1.0,
               batch_size: int | None = None) -> list[list[float]]:
         """The log-probability of every given answer token by this engine's own arithmetic

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ratchet.engine.sampling import SamplingBatch
 
+
 def teacher_forced_logprobs(engine, prompts: list[list[int]], answers: list[list[int]],
                             temperature: float = 1.0, batch_size: int | None = None) -> list[list[float]]:
     """float log-probabilities of every answer token (a list per answer, empty for an empty

@@ -119,6 +119,7 @@ class Trajectory:
 
         from ratchet.rl.rollout import Rollouts
         from ratchet.rl.runtime import set_determinism
+        from ratchet.rl.telemetry import SyncTelemetry
         from ratchet.rl.update import make_optimizer
         from ratchet.trainer.policy import Policy
 
@@ -130,6 +131,7 @@ class Trajectory:
         self.policy = Policy.from_weights(setup.model.cfg, setup.model.weights, device=setup.device)
         self.optimizer = make_optimizer(self.policy, grpo_cfg)
         self.engine = setup.engine(grpo_cfg.engine_dtype)
+        self.telemetry = SyncTelemetry(self.policy, grpo_cfg.engine_dtype)
         self.rollouts = Rollouts(setup.task.prompts, grpo_cfg.group_size, grpo_cfg.max_new_tokens,
                                  grpo_cfg.temperature, grpo_cfg.seed, grpo_cfg.problems_per_step)
         self.step = 0  # rollout + train steps taken
@@ -137,6 +139,7 @@ class Trajectory:
 
     def train_step(self) -> dict[str, float]:
         from ratchet.rl.sync import sync_weights
+        from ratchet.rl.telemetry import after_sync
         from ratchet.rl.update import grpo_step
 
         groups, _ = self.rollouts.collect(self.engine, self.step, version=self.step)
@@ -144,6 +147,7 @@ class Trajectory:
         metrics = grpo_step(self.policy, self.optimizer, groups, self.setup.task, self.cfg,
                             version=self.step, engine=self.engine)
         sync_weights(self.engine, self.policy)
+        metrics.update(after_sync(self.telemetry, self.policy, self.engine, f"[ablate] step {self.step}:"))
         self.step += 1
         self.updates += metrics["train/num_updates"] > 0
         return metrics

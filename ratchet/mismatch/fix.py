@@ -10,6 +10,7 @@ from ratchet.gap import gap_metrics
 from ratchet.mismatch.ablation import AblateSettings, Setup, Trajectory
 
 # the gap metrics a row keeps, under short names (engine vs the trainer, per token)
+SYNC_COLUMNS = ("sync/visible_share", "sync/masters_off_grid_share", "sync/weights_parity")
 GAP_COLUMNS = {
     "mismatch/logprob_abs_diff_mean": "gap_mean",
     "mismatch/logprob_abs_diff_p99": "gap_p99",
@@ -63,7 +64,8 @@ def fix_runs(setup: Setup, settings: AblateSettings, log=None) -> tuple[pd.DataF
                    "reward": m["train/reward"], "num_tokens": m["train/num_tokens"],
                    "is_weight_mean": m["train/is_weight_mean"],
                    "is_masked_share": m["train/is_masked_share"],
-                   "clip_fraction": m["train/clip_fraction"], **short_gap(m)}
+                   "clip_fraction": m["train/clip_fraction"], **short_gap(m),
+                   **{k.split("/")[1]: m[k] for k in SYNC_COLUMNS}}
             step_rows.append(row)
             if log is not None:
                 log(name, step, row)

@@ -27,6 +27,7 @@ from ratchet.rl.runtime import (
     worker_device,
 )
 from ratchet.rl.sync import sync_weights
+from ratchet.rl.telemetry import SyncTelemetry, after_sync
 from ratchet.rl.trace import rollout_digests, trace_row
 from ratchet.rl.update import grpo_step
 
@@ -75,6 +76,7 @@ def colocated_worker(job: Job, rank: int, world: int, port: int | None, log=None
         print(f"[colocated] rank {rank}: resumed from {resume_from} at step {start}")
         relog(rows, log if rank == 0 else None)
 
+    telemetry = SyncTelemetry(policy, cfg.engine_dtype)  # what each sync carries to the engine
     for step in range(start, cfg.steps):
         row, timer = {"step": step}, Timer()
         # ---------------------------------------------------------------- evaluate
@@ -91,6 +93,7 @@ def colocated_worker(job: Job, rank: int, world: int, port: int | None, log=None
         # ---------------------------------------------------------------- sync weights
         sync_weights(engine, policy)
         row["time/sync_s"] = timer()
+        row.update(after_sync(telemetry, policy, engine, f"[colocated] step {step}:"))
         # ---------------------------------------------------------------- log
         digests = rollout_digests(groups, comm)
         row.update(metrics)

@@ -8,6 +8,7 @@ import time
 
 import torch
 
+from ratchet.rl.telemetry import torch_checksum
 from ratchet.rl.checkpoint import load_checkpoint, save_checkpoint
 from ratchet.rl.comm import Comm, free_port, init_process_group, recv_json, send_json
 from ratchet.rl.evaluate import Evaluator
@@ -24,6 +25,7 @@ from ratchet.rl.job import (
 from ratchet.rl.rollout import Group, Rollouts
 from ratchet.rl.runtime import Timer, Workers, configure_threads, set_determinism
 from ratchet.rl.sync import WeightReceiver, WeightSender
+from ratchet.rl.telemetry import SyncTelemetry, parity
 from ratchet.rl.trace import rollout_digests, trace_row
 from ratchet.rl.update import grpo_step
 
@@ -112,11 +114,16 @@ def trainer_process(job: Job, port: int, log=None) -> dict:
     sender = WeightSender(policy, _weights_group(weights_backend))
     sender.send(TRAINER, weights=engine_weights)
     copies = {engine_version: engine_weights}  # weights version -> what the engine holds
+    # weights version -> checksums of what the engine should hold (sync/weights_parity)
+    expected = {engine_version: {k: torch_checksum(v) for k, v in engine_weights.items()}}
+    telemetry = SyncTelemetry(policy, cfg.engine_dtype)
+    telemetry.last = {k: v.to(job.device) for k, v in engine_weights.items()}
     last_needed = cfg.steps - 1 - cfg.ahead  # the newest version the engine will ask for
     in_flight = None  # the weights broadcast still on its way (the engine takes it when it
     if engine_version < start <= last_needed:  # has finished the batch it is generating)
         in_flight = sender.send(TRAINER, async_op=True)
         copies[start] = engine_copy()
+        _, expected[start] = telemetry.measure(policy)
 
     for step in range(start, cfg.steps):
         row, timer = {"step": step}, Timer()
@@ -131,6 +138,12 @@ def trainer_process(job: Job, port: int, log=None) -> dict:
         row["time/wait_s"] = timer()
         engine_version, rollout_state = message["version"], message["rollouts"]
         copies = {v: w for v, w in copies.items() if v >= engine_version}
+        if "weights_checksums" in message:  # what sampled this batch: the masters sent as its version?
+            row["sync/weights_parity"], first = parity(expected[engine_version], message["weights_checksums"])
+            if first is not None:
+                print(f"[split] step {step}: sync/weights_parity 0: the engine's {first} is not the "
+                      f"trainer's masters of version {engine_version}, rounded", flush=True)
+        expected = {v: c for v, c in expected.items() if v >= engine_version}
         if job.checkpoints and step > start and step % cfg.checkpoint_every == 0:
             _checkpoint(job, policy, optimizer, step, copies[engine_version], message, rows, trace)
         groups = [Group.from_dict(d) for d in message["groups"]]
@@ -144,6 +157,8 @@ def trainer_process(job: Job, port: int, log=None) -> dict:
                 in_flight.wait()
             in_flight = sender.send(TRAINER, async_op=True)
             copies[step + 1] = engine_copy()
+            shares, expected[step + 1] = telemetry.measure(policy)
+            row.update(shares)
         row["time/sync_s"] = timer()
         # ---------------------------------------------------------------- log
         digests = rollout_digests(groups, Comm())
@@ -230,11 +245,12 @@ def engine_process(job: Job, rank: int = ENGINE, world: int = 2, port: int = 0) 
 
     for step in range(start["first_batch"], cfg.steps):
         received_s = receive_until(step - cfg.ahead)  # the weights this batch must be sampled with
+        checksums = {k: list(v) for k, v in engine.weight_checksums().items()}  # for the trainer's parity check
         sampled_with, t0 = version, time.perf_counter()
         groups, stats = rollouts.collect(engine, step, version)
         message = {"step": step, "version": sampled_with, "generate_s": time.perf_counter() - t0,
                    "groups": [g.to_dict() for g in groups], "stats": stats,
-                   "rollouts": rollouts.state_dict()}
+                   "rollouts": rollouts.state_dict(), "weights_checksums": checksums}
         # the trainer broadcasts these before it takes this batch: receive them first (a
         # blocking send here would wait on a trainer waiting on its broadcast)
         message["receive_s"] = received_s + receive_until(min(step, last_needed))

@@ -128,7 +128,9 @@ FIX_METRICS = {"reward": "train/reward", "num_tokens": "train/num_tokens", "upda
                "is_weight_mean": "train/is_weight_mean", "is_masked_share": "train/is_masked_share",
                "clip_fraction": "train/clip_fraction", "gap_mean": "mismatch/logprob_abs_diff_mean",
                "gap_p99": "mismatch/logprob_abs_diff_p99", "gap_max": "mismatch/logprob_abs_diff_max",
-               "ratio_outside_share": "mismatch/ratio_outside_share", "kl_k3": "mismatch/kl_k3"}
+               "ratio_outside_share": "mismatch/ratio_outside_share", "kl_k3": "mismatch/kl_k3",
+               "visible_share": "sync/visible_share", "masters_off_grid_share": "sync/masters_off_grid_share",
+               "weights_parity": "sync/weights_parity"}
 
 
 def ablate_fix(cfg: dict, run) -> None:

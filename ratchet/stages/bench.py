@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 
+from ratchet.atomic import write_json
 from ratchet.device import cuda_available, describe
 from ratchet.paths import RunPaths
-from ratchet.atomic import write_json
 from ratchet.tracking import code_version
 
 

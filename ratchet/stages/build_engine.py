@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import time
 
+from ratchet.atomic import write_json
 from ratchet.device import describe, resolve_backend
 from ratchet.paths import RunPaths
-from ratchet.atomic import write_json
 
 # mean |difference of log p| the engine may show against the trainer on its own weights
 TOLERANCE = {"fp32": 1e-5, "fp16": 2e-2, "bf16": 1e-1}

@@ -10,9 +10,9 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from ratchet.atomic import write_json
 from ratchet.errors import MissingInputError, SourceUnavailableError
 from ratchet.paths import RunPaths
-from ratchet.atomic import write_json
 from ratchet.tracking import sha256_of
 
 HUB_PATTERNS = ["*.json", "*.safetensors", "merges.txt", "vocab.json", "tokenizer*"]

@@ -18,9 +18,15 @@ from ratchet.engine.cuda import sync
 from ratchet.engine.cuda.forward import LayerLoop, Workspace
 from ratchet.engine.cuda.graphs import DecodeGraphs, buckets_for
 from ratchet.engine.cuda.ops import STORAGE, Ops, decode_split
-from ratchet.engine.cuda.prefill import PREFILL_CHUNK, prefill_by_decode, prefill_passes, run_packed_pass
+from ratchet.engine.cuda.prefill import (
+    PREFILL_CHUNK,
+    prefill_by_decode,
+    prefill_passes,
+    run_packed_pass,
+)
 from ratchet.engine.cuda.staging import PARAMS, CudaStep, Staging
 from ratchet.engine.sampling import SamplingBatch
+from ratchet.model.checksum import block_checksum
 from ratchet.model.config import ModelConfig
 from ratchet.model.dtypes import fp32_to_bf16_bits
 from ratchet.model.layout import (
@@ -122,6 +128,11 @@ class CudaBackend:
                 self.weight_sync.copy(on_device)
         self.stream.synchronize()
         self.reset()
+
+    def weight_checksums(self) -> dict[str, tuple[int, int]]:
+        with self.stream:
+            out = {name: block_checksum(w.reshape(-1).view(cp.int16), cp) for name, w in self.weights.items()}
+        return out
 
     def _host_storage(self, value) -> np.ndarray:
         value = np.asarray(value, dtype=np.float32)

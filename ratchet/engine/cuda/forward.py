@@ -10,7 +10,15 @@ import numpy as np
 from ratchet.engine.cuda import sampler as gpu_sampler
 from ratchet.engine.cuda.ops import Ops
 from ratchet.engine.cuda.plan import SPLIT_K, SPLIT_K_MAX_ROWS, split_k
-from ratchet.engine.cuda.staging import FEED, NUM_FIELDS, PARAMS, POSITIONS, SEQ_LENS, SLOTS, TOKENS
+from ratchet.engine.cuda.staging import (
+    FEED,
+    NUM_FIELDS,
+    PARAMS,
+    POSITIONS,
+    SEQ_LENS,
+    SLOTS,
+    TOKENS,
+)
 from ratchet.model.config import ModelConfig
 
 

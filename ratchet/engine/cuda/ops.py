@@ -11,7 +11,14 @@ import cupy as cp
 import numpy as np
 
 from ratchet.engine.cuda import loader
-from ratchet.engine.cuda.cublas import CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT, CUBLAS_OP_N, CUBLAS_OP_T, CUDA_R, Cublas
+from ratchet.engine.cuda.cublas import (
+    CUBLAS_COMPUTE_32F,
+    CUBLAS_GEMM_DEFAULT,
+    CUBLAS_OP_N,
+    CUBLAS_OP_T,
+    CUDA_R,
+    Cublas,
+)
 from ratchet.engine.cuda.launch import pdl_kernel
 from ratchet.engine.cuda.plan import DECODE_TILE, SPLIT_K, decode_split, mma_decode_plan
 

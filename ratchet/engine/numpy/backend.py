@@ -19,6 +19,7 @@ from ratchet.engine.numpy.layers import (
 )
 from ratchet.engine.sampler import sample
 from ratchet.engine.sampling import SamplingBatch
+from ratchet.model.checksum import block_checksum
 from ratchet.model.config import ModelConfig
 from ratchet.model.dtypes import round_to
 from ratchet.model.layout import (
@@ -59,6 +60,16 @@ class NumpyBackend:
         for name, value in weights.items():
             self.weights[name][...] = self._to_storage(value)
         self.reset()
+
+    def weight_checksums(self) -> dict[str, tuple[int, int]]:
+        return {name: block_checksum(self._stored_words(w), np) for name, w in self.weights.items()}
+
+    def _stored_words(self, w: np.ndarray) -> np.ndarray:
+        """The tensor's bits as the CUDA backend stores them, as int16 words (bf16 values are
+        held in float32 here: their high halves are the bf16 bits)."""
+        if self.dtype == "bf16":
+            return (np.ascontiguousarray(w).reshape(-1).view(np.uint32) >> 16).astype(np.uint16).view(np.int16)
+        return np.ascontiguousarray(w).reshape(-1).view(np.int16)
 
     def _to_storage(self, value: np.ndarray) -> np.ndarray:
         return np.array(round_to(value, self.dtype), dtype=self.storage)  # always a copy

@@ -1,0 +1,80 @@
+"""Per-sync telemetry: the share of weights a sync changes in the engine, the masters off the
+engine dtype's grid, and the parity of the engine's buffers with the masters rounded, whose
+checksum agrees between NumPy and torch and catches a stale sync."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from test_grpo import cfg, short_job  # noqa: F401 (the module fixture: a prepared tiny run)
+
+from ratchet.model.checksum import block_checksum
+from ratchet.rl.telemetry import torch_checksum
+from ratchet.model.dtypes import round_to
+from ratchet.trainer.precision import torch_dtype
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32"])
+def test_the_numpy_engines_checksums_are_torchs_of_the_rounded_masters(dtype):
+    from random_model import random_weights
+    from test_engine import tiny_config
+
+    from ratchet.engine.numpy.backend import NumpyBackend
+    from ratchet.model.layout import expected_shapes
+
+    model_cfg = tiny_config()
+    masters = random_weights(model_cfg, seed=3)  # fp32, off every 16-bit grid
+    backend = NumpyBackend(model_cfg, dtype, 4, 32)
+    backend.load_weights({k: round_to(v, dtype) for k, v in masters.items()})
+    held = backend.weight_checksums()
+    assert set(held) == set(expected_shapes(model_cfg))
+    for name, w in masters.items():
+        assert held[name] == torch_checksum(torch.from_numpy(w).to(torch_dtype(dtype))), name
+
+
+def test_the_checksum_sees_where_a_word_changed_not_only_the_sum():
+    words = np.arange(-500, 200_000, dtype=np.int64).astype(np.int16)
+    base = block_checksum(words, np)
+    swapped = words.copy()
+    swapped[[10, 70_000]] = swapped[[70_000, 10]]  # the same multiset of words
+    assert block_checksum(swapped, np) != base
+    moved = words.copy()
+    moved[5] += 1
+    moved[5 + (1 << 16)] -= 1  # the same sum, the same position within a block
+    assert block_checksum(moved, np) != base
+    assert block_checksum(words, np) == torch_checksum(torch.from_numpy(words))
+
+
+@pytest.mark.parametrize("mode", ["colocated", "split"])
+def test_every_training_step_logs_the_syncs_telemetry(cfg, tmp_path, mode):  # noqa: F811
+    from ratchet.stages.train import run_mode
+
+    job = short_job(cfg, mode, tmp_path / mode)
+    run_mode(job, mode)
+    rows = pd.read_parquet(tmp_path / mode / "metrics.parquet")
+    steps = rows[rows["train/reward"].notna()]
+    assert (steps["sync/weights_parity"].dropna() == 1.0).all() and steps["sync/weights_parity"].notna().any()
+    visible = steps["sync/visible_share"].dropna()
+    assert len(visible) and ((visible > 0) & (visible <= 1)).all()  # lr 2e-3: updates cross the grid
+    off = steps["sync/masters_off_grid_share"].dropna()
+    assert ((off > 0) & (off <= 1)).all()  # fp32 masters leave the fp16 grid
+
+
+def test_a_stale_sync_sets_weights_parity_to_0(cfg, tmp_path, monkeypatch, capsys):  # noqa: F811
+    import ratchet.rl.colocated as colocated
+
+    real_sync, calls = colocated.sync_weights, []
+
+    def stale_after_two(engine, policy):  # the engine stops taking the trainer's weights
+        calls.append(1)
+        if len(calls) <= 2:
+            real_sync(engine, policy)
+
+    monkeypatch.setattr(colocated, "sync_weights", stale_after_two)
+    job = short_job(cfg, "colocated", tmp_path / "stale", steps=5)
+    colocated.run_colocated(job)
+    parity = pd.read_parquet(tmp_path / "stale" / "metrics.parquet")["sync/weights_parity"].dropna().tolist()
+    assert parity[:2] == [1.0, 1.0] and parity[2:] == [0.0, 0.0, 0.0]
+    assert "sync/weights_parity 0: the engine's" in capsys.readouterr().out
