@@ -9,14 +9,30 @@ from __future__ import annotations
 BLOCK = 1 << 16
 
 
-def block_checksum(words, xp) -> tuple[int, int]:
-    """`words`: a 1-D int16 array (NumPy or CuPy, `xp` its module) of a tensor's stored bits."""
-    n = int(words.shape[0])
-    blocks = -(-n // BLOCK)
-    padded = xp.zeros(blocks * BLOCK, dtype=xp.int64)
-    padded[:n] = words
-    grid = padded.reshape(blocks, BLOCK)
-    within = (grid.sum(axis=0) * (xp.arange(BLOCK, dtype=xp.int64) + 1)).sum()
-    across = (grid.sum(axis=1) * (xp.arange(blocks, dtype=xp.int64) + 1)).sum()
-    return int(within), int(across)
+def block_checksums(arrays, xp) -> list[tuple[int, int]]:
+    """The checksum of each 1-D int16 array of `arrays` (NumPy or CuPy, `xp` its module), read
+    back in one transfer."""
+    sums = [_block_sums(words, xp) for words in arrays]
+    if not sums:
+        return []
+    table = xp.stack([xp.stack(pair) for pair in sums])  # [tensors, 2]
+    table = table.get() if hasattr(table, "get") else table
+    return [(int(a), int(b)) for a, b in table.tolist()]
 
+
+def block_checksum(words, xp) -> tuple[int, int]:
+    return block_checksums([words], xp)[0]
+
+
+def _block_sums(words, xp):
+    """Reduced in place with int64 accumulators (no widened copy): the full blocks as a grid,
+    the partial last block apart."""
+    n = int(words.shape[0])
+    blocks, full = n // BLOCK, n // BLOCK * BLOCK
+    grid = words[:full].reshape(blocks, BLOCK)
+    tail = words[full:].astype(xp.int64)
+    position = xp.arange(1, BLOCK + 1, dtype=xp.int64)
+    within = (grid.sum(axis=0, dtype=xp.int64) * position).sum() + (tail * position[:n - full]).sum()
+    across = ((grid.sum(axis=1, dtype=xp.int64) * xp.arange(1, blocks + 1, dtype=xp.int64)).sum()
+              + tail.sum() * (blocks + 1))
+    return within, across

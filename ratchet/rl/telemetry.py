@@ -13,16 +13,28 @@ from ratchet.model.checksum import BLOCK
 from ratchet.trainer.precision import torch_dtype
 
 
+def torch_checksums(tensors) -> list[tuple[int, int]]:
+    """ratchet.model.checksum's checksum of each torch tensor holding stored values (fp16, bf16
+    or fp32), computed on its device and read back in one transfer."""
+    sums = [torch.stack(_torch_sums(t)) for t in tensors]
+    return [(int(a), int(b)) for a, b in torch.stack(sums).tolist()] if sums else []
+
+
 def torch_checksum(tensor) -> tuple[int, int]:
-    """The same checksum of a torch tensor holding the stored values (fp16, bf16 or fp32)."""
+    return torch_checksums([tensor])[0]
+
+
+def _torch_sums(tensor):
     words = tensor.detach().contiguous().reshape(-1).view(torch.int16)
-    n, blocks = words.numel(), -(-words.numel() // BLOCK)
-    padded = torch.zeros(blocks * BLOCK, dtype=torch.int64, device=words.device)
-    padded[:n] = words
-    grid = padded.view(blocks, BLOCK)
-    within = (grid.sum(0) * (torch.arange(BLOCK, dtype=torch.int64, device=words.device) + 1)).sum()
-    across = (grid.sum(1) * (torch.arange(blocks, dtype=torch.int64, device=words.device) + 1)).sum()
-    return int(within), int(across)
+    n, dev = words.numel(), words.device
+    blocks, full = n // BLOCK, n // BLOCK * BLOCK
+    grid = words[:full].view(blocks, BLOCK)
+    tail = words[full:].to(torch.int64)
+    position = torch.arange(1, BLOCK + 1, dtype=torch.int64, device=dev)
+    within = (grid.sum(0, dtype=torch.int64) * position).sum() + (tail * position[:n - full]).sum()
+    across = ((grid.sum(1, dtype=torch.int64) * torch.arange(1, blocks + 1, dtype=torch.int64, device=dev)).sum()
+              + tail.sum() * (blocks + 1))
+    return within, across
 
 
 class SyncTelemetry:
@@ -40,12 +52,13 @@ class SyncTelemetry:
     def measure(self, policy) -> tuple[dict[str, float], dict[str, tuple[int, int]]]:
         """(the shares of this sync, the checksums of what the engine should now hold)."""
         start = time.perf_counter()
-        rounded, changed, off, total = self.rounded(policy), 0, 0, 0
-        for name, w in policy.export_weights().items():
-            changed += int(torch.count_nonzero(rounded[name] != self.last[name]))
-            off += int(torch.count_nonzero(rounded[name].float() != w))
+        rounded, counts, total = self.rounded(policy), [], 0
+        for name, w in policy.export_weights().items():  # counted on the device, read back once
+            counts.append(torch.stack([torch.count_nonzero(rounded[name] != self.last[name]),
+                                       torch.count_nonzero(rounded[name].float() != w)]))
             total += w.numel()
-        checksums = {name: torch_checksum(r) for name, r in rounded.items()}
+        changed, off = torch.stack(counts).sum(0).tolist()
+        checksums = dict(zip(rounded, torch_checksums(rounded.values())))
         self.last = rounded
         return {"sync/visible_share": changed / total, "sync/masters_off_grid_share": off / total,
                 "time/telemetry_s": time.perf_counter() - start}, checksums

@@ -26,7 +26,7 @@ from ratchet.engine.cuda.prefill import (
 )
 from ratchet.engine.cuda.staging import PARAMS, CudaStep, Staging
 from ratchet.engine.sampling import SamplingBatch
-from ratchet.model.checksum import block_checksum
+from ratchet.model.checksum import block_checksums
 from ratchet.model.config import ModelConfig
 from ratchet.model.dtypes import fp32_to_bf16_bits
 from ratchet.model.layout import (
@@ -131,7 +131,7 @@ class CudaBackend:
 
     def weight_checksums(self) -> dict[str, tuple[int, int]]:
         with self.stream:
-            out = {name: block_checksum(w.reshape(-1).view(cp.int16), cp) for name, w in self.weights.items()}
+            out = dict(zip(self.weights, block_checksums([w.reshape(-1).view(cp.int16) for w in self.weights.values()], cp)))
         return out
 
     def _host_storage(self, value) -> np.ndarray:

@@ -19,7 +19,7 @@ from ratchet.engine.numpy.layers import (
 )
 from ratchet.engine.sampler import sample
 from ratchet.engine.sampling import SamplingBatch
-from ratchet.model.checksum import block_checksum
+from ratchet.model.checksum import block_checksums
 from ratchet.model.config import ModelConfig
 from ratchet.model.dtypes import round_to
 from ratchet.model.layout import (
@@ -62,7 +62,7 @@ class NumpyBackend:
         self.reset()
 
     def weight_checksums(self) -> dict[str, tuple[int, int]]:
-        return {name: block_checksum(self._stored_words(w), np) for name, w in self.weights.items()}
+        return dict(zip(self.weights, block_checksums([self._stored_words(w) for w in self.weights.values()], np)))
 
     def _stored_words(self, w: np.ndarray) -> np.ndarray:
         """The tensor's bits as the CUDA backend stores them, as int16 words (bf16 values are
