@@ -6,6 +6,25 @@ from __future__ import annotations
 
 import numpy as np
 
+# token-probability buckets of the engine's sampled tokens: (name, lower, upper); the "toxic
+# tails" that importance-sampling corrections worry about are the low buckets
+PROB_BUCKETS = (("p_lt_1e-3", 0.0, 1e-3), ("p_1e-3_to_0.1", 1e-3, 0.1), ("p_0.1_to_0.5", 0.1, 0.5),
+                ("p_0.5_to_0.9", 0.5, 0.9), ("p_ge_0.9", 0.9, 1.0 + 1e-12))
+
+
+def bucket_metrics(engine: np.ndarray, absd: np.ndarray, prefix: str) -> dict[str, float]:
+    """Share of tokens and mean / max |dlogp| per bucket of the engine's token probability
+    (buckets without tokens are left out)."""
+    p = np.exp(engine)
+    out = {}
+    for name, low, high in PROB_BUCKETS:
+        inside = (p >= low) & (p < high)
+        if inside.any():
+            out[f"{prefix}by_prob/{name}/token_share"] = float(inside.mean())
+            out[f"{prefix}by_prob/{name}/logprob_abs_diff_mean"] = float(absd[inside].mean())
+            out[f"{prefix}by_prob/{name}/logprob_abs_diff_max"] = float(absd[inside].max())
+    return out
+
 
 def gap_metrics(engine: np.ndarray, trainer: np.ndarray, eps: float = 0.2,
                 prefix: str = "mismatch/") -> dict[str, float]:
@@ -39,4 +58,5 @@ def gap_metrics(engine: np.ndarray, trainer: np.ndarray, eps: float = 0.2,
         "training/rollout_probs_diff_max": float(prob_diff.max()),
         "training/rollout_probs_diff_std": float(prob_diff.std()),
     }
+    out.update(bucket_metrics(e, absd, prefix))
     return out

@@ -78,3 +78,17 @@ def test_a_stale_sync_sets_weights_parity_to_0(cfg, tmp_path, monkeypatch, capsy
     parity = pd.read_parquet(tmp_path / "stale" / "metrics.parquet")["sync/weights_parity"].dropna().tolist()
     assert parity[:2] == [1.0, 1.0] and parity[2:] == [0.0, 0.0, 0.0]
     assert "sync/weights_parity 0: the engine's" in capsys.readouterr().out
+
+
+def test_the_gap_by_token_probability_bucket():
+    from ratchet.gap import gap_metrics
+
+    engine = np.log(np.array([1e-4, 5e-4, 0.05, 0.3, 0.95, 0.99]))
+    trainer = engine + np.array([0.5, 0.1, 0.0, 0.02, 0.001, 0.003])
+    m = gap_metrics(engine, trainer)
+    assert m["mismatch/by_prob/p_lt_1e-3/token_share"] == pytest.approx(2 / 6)
+    assert m["mismatch/by_prob/p_lt_1e-3/logprob_abs_diff_mean"] == pytest.approx(0.3)
+    assert m["mismatch/by_prob/p_ge_0.9/logprob_abs_diff_max"] == pytest.approx(0.003)
+    assert "mismatch/by_prob/p_0.5_to_0.9/token_share" not in m  # no token there
+    shares = [v for k, v in m.items() if k.endswith("token_share")]
+    assert sum(shares) == pytest.approx(1.0)
