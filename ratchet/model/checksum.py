@@ -10,29 +10,39 @@ BLOCK = 1 << 16
 
 
 def block_checksums(arrays, xp) -> list[tuple[int, int]]:
-    """The checksum of each 1-D int16 array of `arrays` (NumPy or CuPy, `xp` its module), read
-    back in one transfer."""
-    sums = [_block_sums(words, xp) for words in arrays]
-    if not sums:
+    """The checksum of each 1-D int16 array of `arrays` (NumPy or CuPy, `xp` its module). Arrays
+    of one length are stacked and reduced together (a few launches for a whole model rather
+    than a dozen a tensor), and everything is read back in one transfer."""
+    groups: dict[int, list[int]] = {}
+    for i, words in enumerate(arrays):
+        groups.setdefault(int(words.shape[0]), []).append(i)
+    tables, order = [], []
+    for idx in groups.values():
+        tables.append(stacked_sums(xp.stack([arrays[i] for i in idx]), xp))
+        order += idx
+    if not tables:
         return []
-    table = xp.stack([xp.stack(pair) for pair in sums])  # [tensors, 2]
+    table = xp.concatenate(tables)
     table = table.get() if hasattr(table, "get") else table
-    return [(int(a), int(b)) for a, b in table.tolist()]
+    out: list = [None] * len(arrays)
+    for i, (within, across) in zip(order, table.tolist()):
+        out[i] = (int(within), int(across))
+    return out
 
 
 def block_checksum(words, xp) -> tuple[int, int]:
     return block_checksums([words], xp)[0]
 
 
-def _block_sums(words, xp):
-    """Reduced in place with int64 accumulators (no widened copy): the full blocks as a grid,
-    the partial last block apart."""
-    n = int(words.shape[0])
+def stacked_sums(stacked, xp):
+    """[g, n] int16 words -> [g, 2] int64 (within, across), with int64 accumulators (no widened
+    copy of the words): the full blocks as a grid, the partial last block apart."""
+    g, n = stacked.shape
     blocks, full = n // BLOCK, n // BLOCK * BLOCK
-    grid = words[:full].reshape(blocks, BLOCK)
-    tail = words[full:].astype(xp.int64)
+    grid = stacked[:, :full].reshape(g, blocks, BLOCK)
+    tail = stacked[:, full:].astype(xp.int64)
     position = xp.arange(1, BLOCK + 1, dtype=xp.int64)
-    within = (grid.sum(axis=0, dtype=xp.int64) * position).sum() + (tail * position[:n - full]).sum()
-    across = ((grid.sum(axis=1, dtype=xp.int64) * xp.arange(1, blocks + 1, dtype=xp.int64)).sum()
-              + tail.sum() * (blocks + 1))
-    return within, across
+    within = (grid.sum(axis=1, dtype=xp.int64) * position).sum(axis=1) + (tail * position[:n - full]).sum(axis=1)
+    across = ((grid.sum(axis=2, dtype=xp.int64) * xp.arange(1, blocks + 1, dtype=xp.int64)).sum(axis=1)
+              + tail.sum(axis=1) * (blocks + 1))
+    return xp.stack([within, across], axis=1)

@@ -8,7 +8,6 @@ import time
 
 import torch
 
-from ratchet.rl.telemetry import torch_checksum
 from ratchet.rl.checkpoint import load_checkpoint, save_checkpoint
 from ratchet.rl.comm import Comm, free_port, init_process_group, recv_json, send_json
 from ratchet.rl.evaluate import Evaluator
@@ -25,7 +24,7 @@ from ratchet.rl.job import (
 from ratchet.rl.rollout import Group, Rollouts
 from ratchet.rl.runtime import Timer, Workers, configure_threads, set_determinism
 from ratchet.rl.sync import WeightReceiver, WeightSender
-from ratchet.rl.telemetry import SyncTelemetry, parity
+from ratchet.rl.telemetry import SyncTelemetry, parity, torch_checksums
 from ratchet.rl.trace import rollout_digests, trace_row
 from ratchet.rl.update import grpo_step
 
@@ -115,9 +114,9 @@ def trainer_process(job: Job, port: int, log=None) -> dict:
     sender.send(TRAINER, weights=engine_weights)
     copies = {engine_version: engine_weights}  # weights version -> what the engine holds
     # weights version -> checksums of what the engine should hold (sync/weights_parity)
-    expected = {engine_version: {k: torch_checksum(v) for k, v in engine_weights.items()}}
+    expected = {engine_version: dict(zip(engine_weights, torch_checksums(engine_weights.values())))}
     telemetry = SyncTelemetry(policy, cfg.engine_dtype)
-    telemetry.last = {k: v.to(job.device) for k, v in engine_weights.items()}
+    telemetry.reset_to(engine_weights)
     last_needed = cfg.steps - 1 - cfg.ahead  # the newest version the engine will ask for
     in_flight = None  # the weights broadcast still on its way (the engine takes it when it
     if engine_version < start <= last_needed:  # has finished the batch it is generating)

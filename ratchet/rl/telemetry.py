@@ -15,53 +15,84 @@ from ratchet.trainer.precision import torch_dtype
 
 def torch_checksums(tensors) -> list[tuple[int, int]]:
     """ratchet.model.checksum's checksum of each torch tensor holding stored values (fp16, bf16
-    or fp32), computed on its device and read back in one transfer."""
-    sums = [torch.stack(_torch_sums(t)) for t in tensors]
-    return [(int(a), int(b)) for a, b in torch.stack(sums).tolist()] if sums else []
+    or fp32), computed on its device: tensors of one size reduced together, one read-back."""
+    tensors = list(tensors)
+    groups: dict[int, list[int]] = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault(t.numel(), []).append(i)
+    tables, order = [], []
+    for idx in groups.values():
+        tables.append(_stacked_sums(torch.stack([_words(tensors[i]) for i in idx])))
+        order += idx
+    out: list = [None] * len(tensors)
+    for i, (within, across) in zip(order, torch.cat(tables).tolist() if tables else []):
+        out[i] = (int(within), int(across))
+    return out
 
 
 def torch_checksum(tensor) -> tuple[int, int]:
     return torch_checksums([tensor])[0]
 
 
-def _torch_sums(tensor):
-    words = tensor.detach().contiguous().reshape(-1).view(torch.int16)
-    n, dev = words.numel(), words.device
+def _words(tensor) -> torch.Tensor:
+    return tensor.detach().contiguous().reshape(-1).view(torch.int16)
+
+
+def _stacked_sums(stacked: torch.Tensor) -> torch.Tensor:
+    """[g, n] int16 words -> [g, 2] int64, as ratchet.model.checksum.stacked_sums."""
+    g, n = stacked.shape
+    dev = stacked.device
     blocks, full = n // BLOCK, n // BLOCK * BLOCK
-    grid = words[:full].view(blocks, BLOCK)
-    tail = words[full:].to(torch.int64)
+    grid = stacked[:, :full].reshape(g, blocks, BLOCK)
+    tail = stacked[:, full:].to(torch.int64)
     position = torch.arange(1, BLOCK + 1, dtype=torch.int64, device=dev)
-    within = (grid.sum(0, dtype=torch.int64) * position).sum() + (tail * position[:n - full]).sum()
-    across = ((grid.sum(1, dtype=torch.int64) * torch.arange(1, blocks + 1, dtype=torch.int64, device=dev)).sum()
-              + tail.sum() * (blocks + 1))
-    return within, across
+    within = (grid.sum(1, dtype=torch.int64) * position).sum(1) + (tail * position[:n - full]).sum(1)
+    across = ((grid.sum(2, dtype=torch.int64) * torch.arange(1, blocks + 1, dtype=torch.int64, device=dev)).sum(1)
+              + tail.sum(1) * (blocks + 1))
+    return torch.stack([within, across], dim=1)
 
 
 class SyncTelemetry:
-    """Keeps the last synced weights, rounded (on the trainer's device), to compare the next
-    sync with; `rounded(policy)` and `measure(...)` are split so the split mode can measure
-    at send time and check parity when the engine reports back."""
+    """Keeps the last synced weights, rounded (on the trainer's device, tensors of one shape
+    stacked, so a measurement is a few launches for the whole model), to compare the next sync
+    with. `measure` is apart from the parity check so the split mode can measure at send time
+    and check when the engine reports back."""
 
     def __init__(self, policy, engine_dtype: str):
         self.dtype = torch_dtype(engine_dtype)
-        self.last = self.rounded(policy)
+        weights = policy.export_weights()
+        self.names = list(weights)
+        self.groups: dict[tuple, list[str]] = {}
+        for name, w in weights.items():
+            self.groups.setdefault(tuple(w.shape), []).append(name)
+        self.last = {shape: torch.stack([weights[n].detach() for n in names]).to(self.dtype)
+                     for shape, names in self.groups.items()}
 
-    def rounded(self, policy) -> dict[str, torch.Tensor]:
-        return {k: w.detach().to(self.dtype, copy=True) for k, w in policy.export_weights().items()}
+    def reset_to(self, held: dict[str, torch.Tensor]) -> None:
+        """What the engine holds now (its dtype's values), when it is not the masters rounded."""
+        device = next(iter(self.last.values())).device
+        self.last = {shape: torch.stack([held[n].to(device) for n in names]).to(self.dtype)
+                     for shape, names in self.groups.items()}
 
     def measure(self, policy) -> tuple[dict[str, float], dict[str, tuple[int, int]]]:
         """(the shares of this sync, the checksums of what the engine should now hold)."""
         start = time.perf_counter()
-        rounded, counts, total = self.rounded(policy), [], 0
-        for name, w in policy.export_weights().items():  # counted on the device, read back once
-            counts.append(torch.stack([torch.count_nonzero(rounded[name] != self.last[name]),
-                                       torch.count_nonzero(rounded[name].float() != w)]))
-            total += w.numel()
+        weights = policy.export_weights()
+        counts, tables, rounded, total = [], [], {}, 0
+        for shape, names in self.groups.items():
+            masters = torch.stack([weights[n].detach() for n in names])  # [g, *shape]
+            r = rounded[shape] = masters.to(self.dtype)
+            counts.append(torch.stack([torch.count_nonzero(r != self.last[shape]),
+                                       torch.count_nonzero(r.float() != masters)]))
+            tables.append(_stacked_sums(r.reshape(len(names), -1).view(torch.int16)))
+            total += masters.numel()
         changed, off = torch.stack(counts).sum(0).tolist()
-        checksums = dict(zip(rounded, torch_checksums(rounded.values())))
+        by_group = iter(torch.cat(tables).tolist())
+        found = {n: tuple(next(by_group)) for names in self.groups.values() for n in names}
         self.last = rounded
-        return {"sync/visible_share": changed / total, "sync/masters_off_grid_share": off / total,
-                "time/telemetry_s": time.perf_counter() - start}, checksums
+        return ({"sync/visible_share": changed / total, "sync/masters_off_grid_share": off / total,
+                 "time/telemetry_s": time.perf_counter() - start},
+                {n: (int(found[n][0]), int(found[n][1])) for n in self.names})  # layout order
 
 
 def parity(expected: dict[str, tuple[int, int]], held: dict[str, tuple[int, int]]) -> tuple[float, str | None]:
