@@ -143,7 +143,7 @@ class StageRun:
             os.environ.setdefault(key, value)
         with store_lock(self.results_dir):
             self.client = MlflowClient(tracking_uri(self.results_dir))
-            experiment_id = self._experiment_id()
+            experiment_id = self.experiment_id = self._experiment_id()
             tags = {"ratchet.stage": self.stage, "ratchet.run_name": self.cfg["run_name"],
                     "device": device_name(), **code_version(), **package_versions()}
             parent = self._parent_run(experiment_id)
@@ -180,7 +180,7 @@ class StageRun:
                 tags = {"mlflow.parentRunId": self.run_id, "ratchet.stage": self.stage,
                         "ratchet.variant": name, "ratchet.run_name": self.cfg["run_name"]}
                 with store_lock(self.results_dir):
-                    run = self.client.create_run(self._experiment_id(), tags=tags,
+                    run = self.client.create_run(self.experiment_id, tags=tags,
                                                  run_name=f"{self.cfg['run_name']}/{self.stage}/{name}")
                 child.run_id = run.info.run_id
                 child._log_batch(params={"variant": name, **{k: str(v) for k, v in (params or {}).items()}})

@@ -238,13 +238,9 @@ class FakeOps:
         self._attend(q.reshape(q.shape[0], -1), cache, np.asarray(slots), pos, out)
 
     def prefill_tiles(self, seq_rows):
-        ds = self.head_dim // 64 if self.head_dim > 64 else 1
-        qt = max(1, 64 // (self.group * ds))
-        tiles = []
-        for row0, n, slot, pos0 in seq_rows:
-            for i in range(0, n, qt):
-                tiles.append((row0 + i, min(qt, n - i), slot, pos0 + i))
-        return np.asarray(tiles, dtype=np.int32).reshape(-1, 4), qt
+        from ratchet.engine.cuda.plan import prefill_tiles  # the real plan: only the kernels are faked
+
+        return prefill_tiles(seq_rows, self.head_dim, self.group)
 
     @recorded
     def attention_prefill(self, q, cache, tiles, qt, out):

@@ -115,8 +115,7 @@ def trainer_process(job: Job, port: int, log=None) -> dict:
     copies = {engine_version: engine_weights}  # weights version -> what the engine holds
     # weights version -> checksums of what the engine should hold (sync/weights_parity)
     expected = {engine_version: dict(zip(engine_weights, torch_checksums(engine_weights.values())))}
-    telemetry = SyncTelemetry(policy, cfg.engine_dtype)
-    telemetry.reset_to(engine_weights)
+    telemetry = SyncTelemetry(policy, cfg.engine_dtype, held=engine_weights)
     last_needed = cfg.steps - 1 - cfg.ahead  # the newest version the engine will ask for
     in_flight = None  # the weights broadcast still on its way (the engine takes it when it
     if engine_version < start <= last_needed:  # has finished the batch it is generating)

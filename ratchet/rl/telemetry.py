@@ -58,20 +58,18 @@ class SyncTelemetry:
     with. `measure` is apart from the parity check so the split mode can measure at send time
     and check when the engine reports back."""
 
-    def __init__(self, policy, engine_dtype: str):
+    def __init__(self, policy, engine_dtype: str, held: dict[str, torch.Tensor] | None = None):
+        """`held`: what the engine holds now, when it is not the masters rounded (a resumed split
+        engine, its dtype's values)."""
         self.dtype = torch_dtype(engine_dtype)
         weights = policy.export_weights()
         self.names = list(weights)
         self.groups: dict[tuple, list[str]] = {}
         for name, w in weights.items():
             self.groups.setdefault(tuple(w.shape), []).append(name)
-        self.last = {shape: torch.stack([weights[n].detach() for n in names]).to(self.dtype)
-                     for shape, names in self.groups.items()}
-
-    def reset_to(self, held: dict[str, torch.Tensor]) -> None:
-        """What the engine holds now (its dtype's values), when it is not the masters rounded."""
-        device = next(iter(self.last.values())).device
-        self.last = {shape: torch.stack([held[n].to(device) for n in names]).to(self.dtype)
+        start = weights if held is None else held
+        device = next(iter(weights.values())).device
+        self.last = {shape: torch.stack([start[n].detach().to(device) for n in names]).to(self.dtype)
                      for shape, names in self.groups.items()}
 
     def measure(self, policy) -> tuple[dict[str, float], dict[str, tuple[int, int]]]:

@@ -11,6 +11,7 @@ import time
 import uuid
 from pathlib import Path
 
+from ratchet.atomic import write_text
 from ratchet.stages.guard import (
     check_inputs,
     check_overwrite,
@@ -52,9 +53,6 @@ def export_to_jobs(cfg: dict, main_process: bool = True) -> None:
     marker = pipeline_id_file(cfg)
     if main_process:
         os.environ.setdefault(PIPELINE_ENV, uuid.uuid4().hex)
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        tmp = marker.with_name(f".{marker.name}.tmp")
-        tmp.write_text(os.environ[PIPELINE_ENV])
-        os.replace(tmp, marker)
+        write_text(marker, os.environ[PIPELINE_ENV])
     elif PIPELINE_ENV not in os.environ and marker.is_file():
         os.environ[PIPELINE_ENV] = marker.read_text().strip()

@@ -10,15 +10,16 @@ from pathlib import Path
 from ratchet.atomic import write_json
 from ratchet.paths import RunPaths
 
-HF_NAMES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
-
 
 def source_dtype(record: dict, engine_dtype: str) -> str:
     """The dtype the source model was released in; a GGUF file has none of ours: the engine's."""
     if record["kind"] != "hf":
         return engine_dtype
+    from ratchet.model.export_hf import HF_DTYPES
+
     hf = json.loads((Path(record["path"]) / "config.json").read_text())
-    return HF_NAMES.get(hf.get("torch_dtype") or hf.get("dtype"), engine_dtype)
+    ours = {name: dtype for dtype, name in HF_DTYPES.items()}
+    return ours.get(hf.get("torch_dtype") or hf.get("dtype"), engine_dtype)
 
 
 def _export(cfg: dict, run, mode: str) -> None:

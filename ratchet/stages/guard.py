@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -15,13 +14,7 @@ from ratchet.atomic import write_json
 from ratchet.errors import InputError, MissingInputError
 from ratchet.paths import RunPaths
 from ratchet.stages.registry import STAGES, producer, settings
-
-
-def _flat(d: dict, prefix: str = "") -> dict[str, object]:
-    out: dict[str, object] = {}
-    for k, v in d.items():
-        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-    return out
+from ratchet.tracking import flatten
 
 
 def stamp_path(paths: RunPaths, stage: str) -> Path:
@@ -30,9 +23,7 @@ def stamp_path(paths: RunPaths, stage: str) -> Path:
 
 def write_stamp(stage: str, cfg: dict) -> None:
     """After a stage succeeds: the settings its outputs were made under."""
-    s = settings(stage, cfg)
-    digest = hashlib.sha256(json.dumps(s, sort_keys=True).encode()).hexdigest()
-    write_json(stamp_path(RunPaths.from_config(cfg), stage), {"settings_sha256": digest, "settings": s})
+    write_json(stamp_path(RunPaths.from_config(cfg), stage), {"settings": settings(stage, cfg)})
 
 
 def check_inputs(stage: str, cfg: dict) -> None:
@@ -51,10 +42,10 @@ def check_overwrite(stage: str, cfg: dict) -> None:
     stamp = stamp_path(paths, stage)
     if not existing or not stamp.is_file():
         return
-    before, now = _flat(json.loads(stamp.read_text())["settings"]), _flat(settings(stage, cfg))
+    before, now = flatten(json.loads(stamp.read_text())["settings"]), flatten(settings(stage, cfg))
     changed = sorted(k for k in before.keys() | now.keys() if before.get(k) != now.get(k))
     if changed:
-        diff = ", ".join(f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in changed[:4])
+        diff = ", ".join(f"{k}: {before.get(k)} -> {now.get(k)}" for k in changed[:4])
         raise InputError(f"{stage}: {existing[0]} was made under other settings ({diff}); "
                          "rerun it through snakemake, write elsewhere (results_dir=...), or pass --force")
 

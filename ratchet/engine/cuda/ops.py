@@ -20,7 +20,7 @@ from ratchet.engine.cuda.cublas import (
     Cublas,
 )
 from ratchet.engine.cuda.launch import pdl_kernel
-from ratchet.engine.cuda.plan import DECODE_TILE, SPLIT_K, decode_split, mma_decode_plan
+from ratchet.engine.cuda.plan import DECODE_TILE, SPLIT_K, decode_split, mma_decode_plan, prefill_tiles
 
 STORAGE = {"fp32": np.float32, "fp16": np.float16, "bf16": np.uint16}  # bf16 as its bit patterns
 TAGS = loader.DTYPE_TAGS
@@ -334,15 +334,8 @@ class Ops:
                                    _i32(used)))
 
     def prefill_tiles(self, seq_rows: list[tuple[int, int, int, int]]) -> tuple[np.ndarray, int]:
-        """Tile descriptors int32 [n, 4] (first row, rows, slot, first position) for sequences given
-        as (first row, rows, slot, start position); returns them and the rows per tile."""
-        ds = self.head_dim // 64 if self.head_dim > 64 else 1
-        qt = max(1, 64 // (self.group * ds))
-        tiles = []
-        for row0, n, slot, pos0 in seq_rows:
-            for i in range(0, n, qt):
-                tiles.append((row0 + i, min(qt, n - i), slot, pos0 + i))
-        return np.asarray(tiles, dtype=np.int32).reshape(-1, 4), qt
+        """plan.prefill_tiles for this head_dim and group."""
+        return prefill_tiles(seq_rows, self.head_dim, self.group)
 
     def attention_prefill(self, q: cp.ndarray, cache: cp.ndarray, tiles: cp.ndarray, qt: int,
                           out: cp.ndarray) -> None:

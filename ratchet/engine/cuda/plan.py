@@ -4,6 +4,8 @@ Plain Python (no CuPy), so the CPU tests check the plans that the GPU runs."""
 
 from __future__ import annotations
 
+import numpy as np
+
 DECODE_TILE = 64  # positions per tile in attention_decode.cu (#define TILE)
 MAX_DECODE_SPLITS = 32
 MMA_MAX_WARPS = 16  # attention_decode.cu MMA_MAX_WARPS: warps a block of attn_decode_mma (half at hd 128)
@@ -52,3 +54,17 @@ def split_k(rows: int, k: int) -> int:
     if rows <= SPLIT_K_MAX_ROWS and k % SPLIT_K == 0 and (k // SPLIT_K) % 8 == 0:
         return SPLIT_K
     return 0
+
+
+def prefill_tiles(seq_rows: list[tuple[int, int, int, int]], head_dim: int,
+                  group: int) -> tuple[np.ndarray, int]:
+    """Tile descriptors int32 [n, 4] (first row, rows, slot, first position) of the prefill
+    attention for sequences given as (first row, rows, slot, start position); returns them and
+    the rows per tile."""
+    ds = head_dim // 64 if head_dim > 64 else 1
+    qt = max(1, 64 // (group * ds))
+    tiles = []
+    for row0, n, slot, pos0 in seq_rows:
+        for i in range(0, n, qt):
+            tiles.append((row0 + i, min(qt, n - i), slot, pos0 + i))
+    return np.asarray(tiles, dtype=np.int32).reshape(-1, 4), qt
