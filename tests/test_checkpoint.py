@@ -82,53 +82,86 @@ def test_optimizer_and_rng_round_trip_bit_exactly():
 
 
 # ---------------------------------------------------------------------------- resuming
-def _cli(results: Path, *overrides: str) -> list[str]:
+def _cli(mode: str, profile: Path, results: Path, *overrides: str) -> list[str]:
     # overrides before --config: argparse does not take positionals after an option's value
-    return [sys.executable, "-m", "ratchet", "train_colocated", f"results_dir={results}", *overrides,
-            "--config", str(ROOT / "config" / "config.yaml")]
+    return [sys.executable, "-m", "ratchet", f"train_{mode}", f"results_dir={results}", *overrides,
+            "--config", str(profile)]
 
 
-@pytest.mark.slow
-def test_sigkilled_training_resumes_to_the_same_weights(tmp_path):
-    """`python -m ratchet train_colocated`, killed with SIGKILL at a random step and rerun,
-    ends with the weights of an uninterrupted run."""
-    steps, every = 10, 2
-    overrides = (f"train.steps={steps}", f"train.checkpoint_every={every}", "train.eval_every=0",
-                 "train.problems_per_step=8")
-    env = {**os.environ, "RATCHET_TRACKING": "off"}
-    cfg = prepare(tmp_path / "results", *overrides)
+def sigkill_and_resume(tmp_path: Path, cfg: dict, profile: Path, mode: str, overrides: tuple, steps: int,
+                       every: int) -> None:
+    """`python -m ratchet train_<mode>`, killed with SIGKILL at a random step and rerun, ends
+    with the weights, model file and trace of an uninterrupted run (prepared under `results`)."""
     from ratchet.paths import RunPaths
 
+    env = {**os.environ, "RATCHET_TRACKING": "off"}
     paths = RunPaths.from_config(cfg)
+    results = Path(cfg["results_dir"])
     # the uninterrupted run, elsewhere (a copy of the prepared model and data)
     other = tmp_path / "other"
-    shutil.copytree(tmp_path / "results", other)
-    subprocess.run(_cli(other, *overrides), env=env, check=True, capture_output=True, timeout=600)
-    reference = json.loads((other / "tiny" / "train" / "colocated" / "summary.json").read_text())
+    shutil.copytree(results, other, symlinks=True)
+    subprocess.run(_cli(mode, profile, other, *overrides), env=env, check=True, capture_output=True, timeout=1200)
+    other_dir = other / cfg["run_name"] / "train" / mode
+    reference = json.loads((other_dir / "summary.json").read_text())
 
     # a random step with a checkpoint behind it and steps left after it
     kill_after = random.Random(os.getpid()).randrange(every + 1, steps - 1)
     log = open(tmp_path / "killed.log", "w")
-    proc = subprocess.Popen(_cli(tmp_path / "results", *overrides), env=env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(_cli(mode, profile, results, *overrides), env=env, stdout=subprocess.PIPE,
                             stderr=log, text=True)
     for line in proc.stdout:  # kill mid-run, as soon as step `kill_after` is logged
-        if line.startswith("[colocated] step") and int(line.split()[2]) >= kill_after:
+        if line.startswith(f"[{mode}] step") and int(line.split()[2]) >= kill_after:
             os.kill(proc.pid, signal.SIGKILL)
             break
     proc.wait(timeout=60)
     assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
-    assert not paths.train_summary("colocated").exists()
-    assert list_checkpoints(paths.checkpoints("colocated"))
+    assert not paths.train_summary(mode).exists()
+    assert list_checkpoints(paths.checkpoints(mode))
 
-    done = subprocess.run(_cli(tmp_path / "results", *overrides), env=env, check=True,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(_cli(mode, profile, results, *overrides), env=env, check=True,
+                          capture_output=True, text=True, timeout=1200)
     assert "resumed from" in done.stdout
-    resumed = json.loads(paths.train_summary("colocated").read_text())
+    resumed = json.loads(paths.train_summary(mode).read_text())
     assert resumed["weights_sha256"] == reference["weights_sha256"]
     assert resumed["model_sha256"] == reference["model_sha256"]
-    pd.testing.assert_frame_equal(pd.read_parquet(paths.train_trace("colocated")),
-                                  pd.read_parquet(other / "tiny" / "train" / "colocated" / "trace.parquet"))
-    assert len(pd.read_parquet(paths.train_metrics("colocated"))) == steps
+    pd.testing.assert_frame_equal(pd.read_parquet(paths.train_trace(mode)),
+                                  pd.read_parquet(other_dir / "trace.parquet"))
+    assert len(pd.read_parquet(paths.train_metrics(mode))) == steps
+
+
+@pytest.mark.slow
+def test_sigkilled_training_resumes_to_the_same_weights(tmp_path):
+    steps, every = 10, 2
+    overrides = (f"train.steps={steps}", f"train.checkpoint_every={every}", "train.eval_every=0",
+                 "train.problems_per_step=8")
+    cfg = prepare(tmp_path / "results", *overrides)
+    sigkill_and_resume(tmp_path, cfg, ROOT / "config" / "config.yaml", "colocated", overrides, steps, every)
+
+
+REAL_MODEL = ROOT / ".cache" / "real" / "qwen2.5-coder-0.5b-instruct.gguf"
+GSM8K = ROOT.parent / "shared" / "data" / "gsm8k" / "train.jsonl"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["colocated", "split"])
+def test_sigkilled_gpu_training_of_the_real_model_resumes_to_the_same_weights(tmp_path, mode):
+    """The local profile on the GPU (the real model, bf16 trainer arithmetic, fused AdamW, the
+    split engine on a thread), killed mid-run and rerun: the same weights as a run never killed."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    if not (REAL_MODEL.is_file() and GSM8K.is_file()):
+        pytest.skip("needs the real model (.cache/real) and GSM8K (../shared/data/gsm8k)")
+    from ratchet.stages import run_stage
+
+    steps, every = 6, 2
+    overrides = (f"train.steps={steps}", f"train.checkpoint_every={every}", "train.eval_every=0",
+                 "train.compute_dtype=bf16", "train.keep_checkpoints=1")
+    profile = ROOT / "config" / "local.yaml"
+    os.environ["RATCHET_TRACKING"] = "off"
+    cfg = config_mod.load(profile, [f"results_dir={tmp_path / 'results'}", *overrides])
+    for stage in ("download_model", "download_data", "convert_weights", "build_engine"):
+        run_stage(stage, cfg)
+    sigkill_and_resume(tmp_path, cfg, profile, mode, overrides, steps, every)
 
 
 @pytest.mark.slow

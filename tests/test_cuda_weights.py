@@ -71,9 +71,11 @@ def test_inplace_sync_bit_equal_to_reload(dtype):
         np.testing.assert_array_equal(host(synced.prefill(0, prompt)), host(reloaded.prefill(0, prompt)))
 
 
-def test_copy_many_odd_sizes_misaligned_sources():
+@pytest.mark.parametrize("kernel", ["search", "table", "table-16384-8"])
+def test_copy_many_odd_sizes_misaligned_sources(kernel):
     """One launch over tensors of odd sizes (chunk edges, tails), torch tensors (pointer path)
-    and CuPy views starting off a 16-byte boundary (DLPack path): bits equal round_to's."""
+    and CuPy views starting off a 16-byte boundary (DLPack path): bits equal round_to's, with
+    each conversion kernel the sync bench compares."""
     import cupy as cp
     import torch
 
@@ -88,7 +90,10 @@ def test_copy_many_odd_sizes_misaligned_sources():
         base = cp.asarray(np.random.default_rng(2).standard_normal(5001).astype(np.float32))
         srcs += [base[1:], base[3:4003]]  # CuPy views 4 and 12 bytes off the allocation
         bufs = [cp.zeros(int(np.prod(t.shape)), dtype=storage) for t in srcs]
-        sync.copy_many(list(zip(bufs, srcs)), dtype)
+        name, *rest = kernel.split("-")
+        choice = sync.SEARCH if name == "search" else sync.SyncKernel("table", *map(int, rest)) if rest \
+            else sync.DEFAULT_KERNEL
+        sync.copy_many(list(zip(bufs, srcs)), dtype, kernel=choice)
         cp.cuda.runtime.deviceSynchronize()
         for buf, src in zip(bufs, srcs):
             host = src.cpu().numpy() if isinstance(src, torch.Tensor) else cp.asnumpy(src)

@@ -224,6 +224,33 @@ def test_split_runs_twice_bit_identically_with_partial_rollouts(cfg, tmp_path):
     assert metrics["rollout/resumed_answers"].sum() > 0  # partial rollouts did resume
 
 
+def test_split_engine_on_a_thread_equals_engine_in_a_process(cfg, tmp_path):
+    """The link changes where the engine runs, not what it computes: the same rollouts,
+    losses and weights, bit for bit, with partial rollouts and one batch ahead."""
+    from ratchet.rl.split import run_split
+
+    kw = dict(extra_groups=4, max_new_tokens=8, steps=3)
+    thread = run_split(short_job(cfg, "split", tmp_path / "thread", engine_in="thread", **kw))
+    process = run_split(short_job(cfg, "split", tmp_path / "process", engine_in="process", **kw))
+    assert (thread["engine_in"], process["engine_in"]) == ("thread", "process")
+    assert thread["weights_sha256"] == process["weights_sha256"]
+    pd.testing.assert_frame_equal(trace(tmp_path / "thread"), trace(tmp_path / "process"))
+    lag = pd.read_parquet(tmp_path / "thread" / "metrics.parquet")["rollout/weights_lag"]
+    assert lag.tolist() == [0, 1, 1]
+
+
+def test_a_failing_engine_thread_stops_the_trainer_with_its_error(cfg, tmp_path, monkeypatch):
+    from ratchet.rl import split
+
+    def broken(job, link):
+        link.recv()  # the start message
+        raise RuntimeError("planted engine failure")
+
+    monkeypatch.setattr(split, "engine_loop", broken)
+    with pytest.raises(Exception, match="planted engine failure"):
+        split.run_split(short_job(cfg, "split", tmp_path / "t", engine_in="thread", steps=2))
+
+
 @pytest.mark.slow
 def test_one_step_ahead_with_lr0_equals_synchronous(cfg, tmp_path):
     """With the weights held fixed, generating one batch ahead (split, ahead=1) gives the

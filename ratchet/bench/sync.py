@@ -15,6 +15,47 @@ from ratchet.model import safetensors_io
 SYNC_WARMUP, SYNC_REPEATS = 5, 15
 
 
+def compare_kernels(backend, items) -> dict[str, float]:
+    """Each conversion kernel on the same sync (CUDA events, medians), and torch's own
+    fp32 -> 16-bit copy of one flat tensor of as many values: the ceiling of an element-wise
+    kernel on this GPU, since it reads and writes the same bytes with no descriptors."""
+    import torch
+
+    from ratchet.engine.cuda import sync
+
+    kernels = {"search": sync.SEARCH, "table": sync.DEFAULT_KERNEL,
+               "table-16384-4": sync.SyncKernel("table", 16384, 4),
+               "table-8192-8": sync.SyncKernel("table", 8192, 8),
+               "table-4096-8": sync.SyncKernel("table", 4096, 8)}
+    out = {}
+    for name, kernel in kernels.items():
+        ws = sync.WeightSync(backend.weights, backend.dtype, kernel=kernel)
+        ev = Events()
+        for i in range(SYNC_WARMUP + SYNC_REPEATS):
+            with backend.stream:
+                if i < SYNC_WARMUP:
+                    ws.copy(items)
+                    continue
+                with ev.time(backend.stream):
+                    ws.copy(items)
+        out[name] = float(np.median(ev.ms))
+    n = sum(int(t.numel()) for _, t in items)
+    flat = torch.randn(n, device="cuda")
+    half = torch.empty(n, device="cuda", dtype=torch.float16 if backend.dtype == "fp16" else torch.bfloat16)
+    times = []
+    for i in range(SYNC_WARMUP + SYNC_REPEATS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        half.copy_(flat)
+        end.record()
+        end.synchronize()
+        if i >= SYNC_WARMUP:
+            times.append(start.elapsed_time(end))
+    out["torch_flat_copy"] = float(np.median(times))
+    del flat, half
+    return out
+
+
 def bench_sync(backend, weights_torch: dict) -> dict:
     import torch
 
@@ -42,6 +83,7 @@ def bench_sync(backend, weights_torch: dict) -> dict:
     kernel_ms = float(np.median(ev.ms))
     out.update({"inplace_events_ms (WeightSync.copy call, GPU clock)": kernel_ms,
                 "inplace_events_TBps": n_params * (4 + backend.storage.itemsize) / (kernel_ms * 1e-3) / 1e12})
+    out["kernels_events_ms"] = compare_kernels(backend, items)
     with tempfile.TemporaryDirectory(dir=os.environ.get("RATCHET_BENCH_TMP")) as tmp:
         path = os.path.join(tmp, "model.safetensors")
         t = time.perf_counter()

@@ -91,9 +91,10 @@ def optimizer_tensors(optimizer: torch.optim.Optimizer, policy: torch.nn.Module)
 
 def load_optimizer(optimizer: torch.optim.Optimizer, policy: torch.nn.Module,
                    tensors: dict[str, torch.Tensor]) -> None:
+    fused = any(group.get("fused") for group in optimizer.param_groups)
     for name, p in policy.named_parameters():
-        # moments on the parameter's device; AdamW keeps `step` on the CPU
-        state = {k.removeprefix(name + "."): v.clone().to(p.device) if k.endswith("exp_avg") or
+        # moments on the parameter's device; AdamW keeps `step` on the CPU, fused AdamW with them
+        state = {k.removeprefix(name + "."): v.clone().to(p.device) if fused or k.endswith("exp_avg") or
                  k.endswith("exp_avg_sq") else v.clone()
                  for k, v in tensors.items() if k.rsplit(".", 1)[0] == name}
         if state:

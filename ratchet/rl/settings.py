@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields
 from ratchet.rl.loss import ADVANTAGE_SCALES, IS_LEVELS, POLICY_LOSSES
 
 # the fields read from `train.split` rather than `train`, and those from outside `train`
-_SPLIT_KEYS = ("ahead", "extra_groups", "max_staleness")
+_SPLIT_KEYS = ("ahead", "extra_groups", "max_staleness", "engine_in")
 _OUTSIDE_TRAIN = {"seed": ("seed",), "engine_dtype": ("engine", "dtype")}
 
 
@@ -50,6 +50,7 @@ class GRPOConfig:
     ahead: int
     extra_groups: int
     max_staleness: int
+    engine_in: str
     checkpoint_every: int
     keep_checkpoints: int
     eval_every: int
@@ -71,6 +72,7 @@ class GRPOConfig:
             (self.is_correction in POLICY_LOSSES, f"is_correction must be one of {tuple(POLICY_LOSSES)}"),
             (self.is_level in IS_LEVELS, f"is_level must be one of {IS_LEVELS}"),
             (self.ahead in (0, 1), "split.ahead must be 0 (synchronous) or 1 (one step ahead)"),
+            (self.engine_in in ("auto", "thread", "process"), "split.engine_in must be auto, thread or process"),
             (self.temperature > 0, "temperature must be > 0"),
             (self.round_weights or not self.exact_forward, "exact_forward needs round_weights"),
         ]

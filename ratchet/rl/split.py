@@ -1,15 +1,16 @@
-"""Split GRPO (`ratchet train_split`): the engine in its own process, one batch ahead, with
-partial rollouts; tokens drawn by older weights take the engine's log-probs as "old", so the
+"""Split GRPO (`ratchet train_split`): the engine apart from the trainer (its own process, or a
+thread of the trainer's on one GPU: ratchet/rl/link.py), one batch ahead, with partial rollouts; tokens drawn by older weights take the engine's log-probs as "old", so the
 PPO ratio is the importance ratio to the policy that drew them (the paper has no such lag)."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import torch
 
 from ratchet.rl.checkpoint import load_checkpoint, save_checkpoint
-from ratchet.rl.comm import Comm, free_port, init_process_group, recv_json, send_json
+from ratchet.rl.comm import Comm, free_port, init_process_group
 from ratchet.rl.evaluate import Evaluator
 from ratchet.rl.job import (
     Job,
@@ -21,37 +22,48 @@ from ratchet.rl.job import (
     trainer_tensors,
     write_outputs,
 )
+from ratchet.rl.link import ENGINE, TRAINER, ProcessLink, ThreadLink
 from ratchet.rl.rollout import Group, Rollouts
 from ratchet.rl.runtime import Timer, Workers, configure_threads, set_determinism
-from ratchet.rl.sync import WeightReceiver, WeightSender
 from ratchet.rl.telemetry import SyncTelemetry, parity, torch_checksums
 from ratchet.rl.trace import rollout_digests, trace_row
 from ratchet.rl.update import grpo_step
 
-TRAINER, ENGINE = 0, 1
-
 
 def run_split(job: Job, log=None) -> dict:
     """Train; the trainer runs in this process (and calls `log(metrics, step)`), the engine
-    in a child process."""
+    on a thread of it (one GPU) or in a child process (two GPUs, or the CPU)."""
+    if engine_on_thread(job):
+        trainer_end, engine_end = ThreadLink.pair(job.device)
+        thread = threading.Thread(target=_engine_thread, args=(job, engine_end), name="ratchet-engine",
+                                  daemon=True)
+        thread.start()
+        try:
+            return trainer_loop(job, trainer_end, log)
+        finally:
+            trainer_end.close()
+            thread.join()
     port = free_port()
     workers = Workers(_spawned_engine, (job.to_json(), port), range(ENGINE, ENGINE + 1), env=_engine_gpu(job))
     failed = True
     try:
-        summary = trainer_process(job, port, log)
+        init_process_group(TRAINER, 2, port)  # gloo: the messages go through the CPU
+        link = ProcessLink(TRAINER)
+        summary = trainer_loop(job, link, log)
+        link.close()
         failed = False
     finally:
         workers.close(failed)
     return summary
 
 
-def _weights_group(backend: str):
-    """The group the weights travel in: NCCL between two GPUs (both processes call this);
-    None (the default gloo group) otherwise: two processes on one GPU cannot use NCCL, which
-    takes one rank per device."""
-    if backend != "nccl":
-        return None
-    return torch.distributed.new_group([TRAINER, ENGINE], backend="nccl")
+def engine_on_thread(job: Job) -> bool:
+    """`train.split.engine_in`: auto puts the engine on a thread when it would share the
+    trainer's one GPU (two processes there could only pass the weights through the host)."""
+    where = job.grpo.engine_in
+    if where == "auto":
+        return job.device != "cpu" and torch.cuda.device_count() < 2
+    return where == "thread"
 
 
 def _engine_gpu(job: Job) -> dict[str, str]:
@@ -72,11 +84,10 @@ def _engine_gpu(job: Job) -> dict[str, str]:
 # message per batch (its groups, its rollout state after it, the version that sampled it).
 # A checkpoint is cut at the start of a trainer step, with the batch already generated for it
 # and the engine's weights and rollout state as of that batch, so a resumed run replays exactly.
-def trainer_process(job: Job, port: int, log=None) -> dict:
+def trainer_loop(job: Job, link, log=None) -> dict:
     from ratchet.trainer.precision import torch_dtype
 
     cfg = job.grpo
-    init_process_group(TRAINER, 2, port)  # gloo: the messages go through the CPU
     set_determinism(cfg.seed)
     task = job.load_task()
     model, policy, optimizer = load_start(job, job.device)
@@ -108,10 +119,10 @@ def trainer_process(job: Job, port: int, log=None) -> dict:
         engine_weights = {k: v.to("cpu", engine_dtype) for k, v in policy.export_weights().items()}
     # the engine restarts from the state the checkpoint recorded (or from scratch)
     weights_backend = "nccl" if _engine_gpu(job) else "gloo"
-    send_json({"first_batch": start + (pending is not None), "version": engine_version,
-               "rollouts": rollout_state, "weights_backend": weights_backend}, ENGINE)
-    sender = WeightSender(policy, _weights_group(weights_backend))
-    sender.send(TRAINER, weights=engine_weights)
+    link.send({"first_batch": start + (pending is not None), "version": engine_version,
+               "rollouts": rollout_state, "weights_backend": weights_backend})
+    link.open_weights(weights_backend)
+    link.send_weights(policy, weights=engine_weights)
     copies = {engine_version: engine_weights}  # weights version -> what the engine holds
     # weights version -> checksums of what the engine should hold (sync/weights_parity)
     expected = {engine_version: dict(zip(engine_weights, torch_checksums(engine_weights.values())))}
@@ -119,7 +130,7 @@ def trainer_process(job: Job, port: int, log=None) -> dict:
     last_needed = cfg.steps - 1 - cfg.ahead  # the newest version the engine will ask for
     in_flight = None  # the weights broadcast still on its way (the engine takes it when it
     if engine_version < start <= last_needed:  # has finished the batch it is generating)
-        in_flight = sender.send(TRAINER, async_op=True)
+        in_flight = link.send_weights(policy, async_op=True)
         copies[start] = engine_copy()
         _, expected[start] = telemetry.measure(policy)
 
@@ -131,7 +142,7 @@ def trainer_process(job: Job, port: int, log=None) -> dict:
         timer()
         step_start = time.perf_counter()  # the eval is not part of the step's time
         # ---------------------------------------------------------------- roll out (wait for it)
-        message = pending if pending is not None else recv_json(ENGINE)
+        message = pending if pending is not None else link.recv()
         pending = None
         row["time/wait_s"] = timer()
         engine_version, rollout_state = message["version"], message["rollouts"]
@@ -153,7 +164,7 @@ def trainer_process(job: Job, port: int, log=None) -> dict:
         if step + 1 <= last_needed:
             if in_flight is not None:
                 in_flight.wait()
-            in_flight = sender.send(TRAINER, async_op=True)
+            in_flight = link.send_weights(policy, async_op=True)
             copies[step + 1] = engine_copy()
             shares, expected[step + 1] = telemetry.measure(policy)
             row.update(shares)
@@ -183,10 +194,10 @@ def trainer_process(job: Job, port: int, log=None) -> dict:
         rows.append({"step": cfg.steps, **final_eval})
         if log is not None:
             log(final_eval, cfg.steps)
-    summary = write_outputs(job, policy, model.cfg, rows, trace,
-                            {"mode": "split", "ahead": cfg.ahead, "extra_groups": cfg.extra_groups})
-    torch.distributed.destroy_process_group()
-    return summary
+    where = "thread" if isinstance(link, ThreadLink) else "process"
+    return write_outputs(job, policy, model.cfg, rows, trace,
+                         {"mode": "split", "ahead": cfg.ahead, "extra_groups": cfg.extra_groups,
+                          "engine_in": where})
 
 
 def _checkpoint(job, policy, optimizer, step, engine_weights, message, rows, trace, pending=True):
@@ -210,24 +221,25 @@ def _print(step: int, row: dict) -> None:
 
 
 # ---------------------------------------------------------------------------- the engine
-def engine_process(job: Job, rank: int = ENGINE, world: int = 2, port: int = 0) -> None:
+def engine_loop(job: Job, link) -> None:
+    """The engine's side: generate batch after batch, each with the weights it must be sampled
+    with, and send each to the trainer."""
     from ratchet.model.io import load_engine_model
 
     cfg = job.grpo
-    init_process_group(rank, world, port)
     task = job.load_task()
     model = load_engine_model(job.model_dir)
-    configure_threads(model.cfg, 2)
+    configure_threads(model.cfg, 2)  # on a thread: the trainer's own setting, set again
     engine = job.make_engine(model)
     rollouts = Rollouts(task.prompts, cfg.group_size, cfg.max_new_tokens, cfg.temperature, cfg.seed,
                         cfg.problems_per_step, extra_groups=cfg.extra_groups,
                         max_staleness=cfg.max_staleness)
-    start = recv_json(TRAINER)
-    receiver = WeightReceiver(model.cfg, device=job.device, group=_weights_group(start["weights_backend"]))
+    start = link.recv()
+    link.open_weights(start["weights_backend"])
     version = start["version"]
     if start["rollouts"] is not None:
         rollouts.load_state_dict(start["rollouts"])
-    receiver.receive_into(engine, TRAINER)
+    link.receive_weights_into(engine, model.cfg, job.device)
 
     last_needed = cfg.steps - 1 - cfg.ahead
 
@@ -237,7 +249,7 @@ def engine_process(job: Job, rank: int = ENGINE, world: int = 2, port: int = 0) 
         nonlocal version
         t0 = time.perf_counter()
         while version < wanted:
-            receiver.receive_into(engine, TRAINER)
+            link.receive_weights_into(engine, model.cfg, job.device)
             version += 1
         return time.perf_counter() - t0
 
@@ -252,10 +264,19 @@ def engine_process(job: Job, rank: int = ENGINE, world: int = 2, port: int = 0) 
         # the trainer broadcasts these before it takes this batch: receive them first (a
         # blocking send here would wait on a trainer waiting on its broadcast)
         message["receive_s"] = received_s + receive_until(min(step, last_needed))
-        send_json(message, TRAINER)
-    torch.distributed.destroy_process_group()
+        link.send(message)
 
+
+def _engine_thread(job: Job, link: ThreadLink) -> None:
+    try:
+        engine_loop(job, link)
+    except BaseException as error:  # the trainer's next recv raises it
+        link.fail(error)
 
 
 def _spawned_engine(rank: int, job_json: str, port: int) -> None:
-    engine_process(Job.from_json(job_json), rank, 2, port)
+    job = Job.from_json(job_json)
+    init_process_group(rank, 2, port)
+    link = ProcessLink(rank)
+    engine_loop(job, link)
+    link.close()

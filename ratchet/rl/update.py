@@ -31,8 +31,21 @@ def grpo_step(policy, optimizer, groups: list[Group], task, cfg: GRPOConfig, ver
 
 
 def make_optimizer(policy: torch.nn.Module, cfg: GRPOConfig) -> torch.optim.Optimizer:
+    """AdamW on the fp32 masters: on a GPU the fused kernel (a few launches, not a few per
+    tensor); on the CPU the per-tensor loop, whose sums the recorded CPU runs hash."""
+    on_gpu = next(policy.parameters()).is_cuda
     return torch.optim.AdamW(policy.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.adam_eps,
-                             weight_decay=cfg.weight_decay, foreach=False)
+                             weight_decay=cfg.weight_decay, foreach=False, fused=on_gpu or None)
+
+
+# fp16 arithmetic: the loss times this before the backward pass, the gradients divided by it
+# (both exact: a power of two), so that per-token gradients of a token mean over ~1e4 tokens
+# (~1e-4) stay far above fp16's smallest normal number (6e-5) in the activations' gradients.
+FP16_LOSS_SCALE = 2.0 ** 16
+
+
+def loss_scale(cfg: GRPOConfig) -> float:
+    return FP16_LOSS_SCALE if cfg.compute_dtype == "fp16" else 1.0
 
 
 def micro_batches(rows, prompts, responses, size: int) -> list[list[int]]:
@@ -75,7 +88,8 @@ def update(policy, optimizer, exp: Experience, cfg: GRPOConfig, comm: Comm, scor
     token sum over its token count on all workers. Unless `scored`, each micro-batch's own
     forward is its scoring one (the weights change only at the optimiser step)."""
     params = list(policy.parameters())
-    totals = {"loss": 0.0, "clipped": 0.0, "ratio": 0.0, "grad_norm": 0.0, "updates": 0}
+    on_gpu, scale = params[0].is_cuda, loss_scale(cfg)
+    totals = {"loss": 0.0, "clipped": 0.0, "ratio": 0.0, "grad_norm": 0.0, "updates": 0, "skipped": 0}
     minibatches = np.array_split(np.arange(len(exp.responses)), cfg.num_minibatches)
     for minibatch in minibatches:
         num_tokens = comm.sum([float(exp.mask[minibatch].sum())])[0]
@@ -94,12 +108,18 @@ def update(policy, optimizer, exp: Experience, cfg: GRPOConfig, comm: Comm, scor
                 exp.old[rows, :t], exp.weights[rows, :t] = old, weights
             loss, sums = policy_loss(lp, old, exp.advantages[rows], mask, weights, num_tokens,
                                      cfg.clip_eps_low, cfg.clip_eps_high)
-            loss.backward()
+            (loss * scale if scale != 1.0 else loss).backward()
             totals["loss"] += float(loss.detach()) / len(minibatches)
             totals["clipped"] += sums["clipped"]
             totals["ratio"] += sums["ratio"]
         comm.sum_grads(params)
-        totals["grad_norm"] += float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm, foreach=False))
+        if scale != 1.0:
+            torch._foreach_div_([p.grad for p in params], scale)
+        norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm, foreach=on_gpu))
+        if not np.isfinite(norm):  # an fp16 overflow: every worker sees the same summed norm
+            totals["skipped"] += 1
+            continue
+        totals["grad_norm"] += norm
         optimizer.step()
         totals["updates"] += 1
     return totals
@@ -127,6 +147,7 @@ def step_metrics(exp: Experience, totals: dict, cfg: GRPOConfig, comm: Comm) -> 
         "train/grad_norm": s["grad_norm"] / max(totals["updates"], 1) / comm.world,
         "train/lr": cfg.lr,
         "train/num_updates": float(totals["updates"]),
+        "train/nonfinite_skipped": float(totals["skipped"]),
         "train/num_tokens": s["tokens"],
         "train/num_sequences": s["seqs"],
         "train/reward": s["reward"] / s["answers"],

@@ -5,6 +5,8 @@ uploads nothing. One DLPack exchange orders CuPy's stream after the producer's."
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import cupy as cp
 import numpy as np
 
@@ -13,9 +15,27 @@ from ratchet.engine.cuda.ops import STORAGE
 
 BUFFER_DTYPES = {np.dtype(v): k for k, v in STORAGE.items()}  # a buffer's dtype -> its engine dtype
 MODES = {"fp16": 0, "bf16": 1, "fp32": 2}
-CHUNK = 8192  # kernels/convert.cu CONVERT_CHUNK
 BLOCK = 256
-BLOCKS_PER_SM = 4  # resident at once (__launch_bounds__(256, 4)): no second wave
+
+
+@dataclass(frozen=True)
+class SyncKernel:
+    """Which conversion kernel a sync launches: "search" (convert_many, CHUNK fixed at
+    kernels/convert.cu's CONVERT_CHUNK, 4 blocks per multiprocessor) or "table" (convert_table,
+    its chunk and resident blocks template arguments). A grid of at most `blocks_per_sm` per
+    multiprocessor: every block resident at once, no second wave."""
+    name: str = "table"
+    chunk: int = 8192
+    blocks_per_sm: int = 4
+
+    def expression(self, mode: int) -> str:
+        if self.name == "search":
+            return f"convert_many<{mode}>"
+        return f"convert_table<{mode}, {self.chunk}, {self.blocks_per_sm}>"
+
+
+SEARCH = SyncKernel("search", 8192, 4)
+DEFAULT_KERNEL = SyncKernel()
 
 _kernels: dict = {}
 _sms: dict = {}
@@ -31,12 +51,13 @@ def is_device_tensor(value) -> bool:
     return device is not None and device()[0] in (2, 3)  # kDLCUDA, kDLCUDAHost
 
 
-def _kernel(mode: int):
-    key = (mode, cp.cuda.runtime.getDevice())
+def _kernel(mode: int, kernel: SyncKernel):
+    key = (mode, kernel, cp.cuda.runtime.getDevice())
     fn = _kernels.get(key)
     if fn is None:
-        module = loader.load("convert", loader.expressions("convert"))
-        fn = _kernels[key] = module.get_function(f"convert_many<{mode}>")
+        exprs = tuple(dict.fromkeys(loader.expressions("convert") + (kernel.expression(mode),)))
+        module = loader.load("convert", exprs)
+        fn = _kernels[key] = module.get_function(kernel.expression(mode))
     return fn
 
 
@@ -93,37 +114,47 @@ def _source_pointers(tensors, sizes) -> tuple[list[int], list]:
 
 
 class _Plan:
-    """The descriptor array of one set of (source, buffer) pointers, on the GPU."""
+    """The descriptor array of one set of (source, buffer) pointers on the GPU, and for the
+    table kernel each chunk's descriptor index."""
 
-    def __init__(self):
+    def __init__(self, kernel: SyncKernel = DEFAULT_KERNEL):
+        self.kernel = kernel
         self.key = None
-        self.desc = None
+        self.desc = self.table = None
         self.chunks = 0
 
     def launch(self, src_ptrs: list[int], dst_ptrs: tuple[int, ...], sizes: tuple[int, ...], mode: int) -> None:
         key = (tuple(src_ptrs), dst_ptrs)
         if key != self.key:
+            chunk = self.kernel.chunk
             desc = np.empty((len(sizes), 4), dtype=np.int64)
+            counts = [-(-n // chunk) for n in sizes]
             chunk0 = 0
             for i, (src, dst, n) in enumerate(zip(src_ptrs, dst_ptrs, sizes)):
                 desc[i] = (src, dst, n, chunk0)
-                chunk0 += -(-n // CHUNK)
+                chunk0 += counts[i]
             self.key, self.desc, self.chunks = key, cp.asarray(desc), chunk0
+            if self.kernel.name == "table":
+                self.table = cp.asarray(np.repeat(np.arange(len(sizes), dtype=np.int32), counts))
         if self.chunks:
-            grid = max(1, min(self.chunks, _sm_count() * BLOCKS_PER_SM))
-            _kernel(mode)((grid,), (BLOCK,), (self.desc, np.int32(len(sizes)), np.int64(self.chunks)))
+            grid = max(1, min(self.chunks, _sm_count() * self.kernel.blocks_per_sm))
+            fn = _kernel(mode, self.kernel)
+            if self.kernel.name == "table":
+                fn((grid,), (BLOCK,), (self.desc, self.table, np.int64(self.chunks)))
+            else:
+                fn((grid,), (BLOCK,), (self.desc, np.int32(len(sizes)), np.int64(self.chunks)))
 
 
 class WeightSync:
     """The engine's buffers {name: CuPy array}, checked once; `copy(items)` rounds
     [(name, tensor), ...] into them, one launch on CuPy's current stream."""
 
-    def __init__(self, buffers: dict, dtype: str):
+    def __init__(self, buffers: dict, dtype: str, kernel: SyncKernel = DEFAULT_KERNEL):
         for buf in buffers.values():
             _check_buffer(buf, dtype)
         self.dtype, self.mode = dtype, MODES[dtype]
         self.dst = {name: (buf.data.ptr, buf.size) for name, buf in buffers.items()}
-        self._plan = _Plan()
+        self._plan = _Plan(kernel)
 
     def copy(self, items) -> None:
         """items: [(name, fp32 tensor of the buffer's size)]; shapes are the caller's check."""
@@ -137,7 +168,7 @@ class WeightSync:
         del keep  # the launch is queued; the caller holds the tensors
 
 
-def copy_many(pairs, dtype: str | None = None) -> None:
+def copy_many(pairs, dtype: str | None = None, kernel: SyncKernel = DEFAULT_KERNEL) -> None:
     """Round each (engine_buffer, tensor) pair's fp32 tensor into its buffer, one launch.
 
     `dtype` names the buffers' engine dtype (all the same); by default it follows the first
@@ -154,7 +185,7 @@ def copy_many(pairs, dtype: str | None = None) -> None:
             raise ValueError(f"copy_many: source shape {tuple(t.shape)} != buffer shape {tuple(buf.shape)}")
     sizes = tuple(b.size for b, _ in pairs)
     ptrs, keep = _source_pointers([t for _, t in pairs], sizes)
-    _Plan().launch(ptrs, tuple(b.data.ptr for b, _ in pairs), sizes, MODES[dtype])
+    _Plan(kernel).launch(ptrs, tuple(b.data.ptr for b, _ in pairs), sizes, MODES[dtype])
     del keep
 
 

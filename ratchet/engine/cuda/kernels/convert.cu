@@ -126,3 +126,56 @@ convert_many(const ConvertDesc* __restrict__ descs, int ndesc, long long nchunks
         }
     }
 }
+
+// convert_table: convert_many's work with two changes the sync bench chose (docs/KERNELS.md):
+// the chunk's descriptor read from a table (one load, not a binary search of dependent loads
+// before the chunk's first load can issue), and each load a warp-coalesced 16 bytes per thread
+// (a warp reads 512 contiguous bytes per instruction, writes 256). CHUNK / (4 * 256) loads per
+// thread, all issued before the first store. MIN_BLOCKS: resident blocks per multiprocessor.
+template <int MODE, int CHUNK, int MIN_BLOCKS>
+__global__ void __launch_bounds__(256, MIN_BLOCKS)
+convert_table(const ConvertDesc* __restrict__ descs, const int* __restrict__ chunk_desc, long long nchunks) {
+    constexpr int STEPS = CHUNK / (4 * 256);
+    static_assert(STEPS * 4 * 256 == CHUNK, "CHUNK: a multiple of 1024");
+    for (long long c = blockIdx.x; c < nchunks; c += gridDim.x) {
+        const int d = __ldg(&chunk_desc[c]);
+        const float* src = reinterpret_cast<const float*>(__ldg(&descs[d].src));
+        const long long dst_addr = __ldg(&descs[d].dst);
+        const long long n = __ldg(&descs[d].n);
+        const long long begin = (c - __ldg(&descs[d].chunk0)) * CHUNK;
+        const long long end = min(begin + (long long)CHUNK, n);
+        const bool aligned = ((reinterpret_cast<size_t>(src) | (size_t)dst_addr) & 15) == 0;
+        if (aligned && blockDim.x == 256) {
+            const long long full = begin + ((end - begin) & ~3LL);  // 4-element groups
+            float4 a[STEPS];
+#pragma unroll
+            for (int s = 0; s < STEPS; ++s) {
+                const long long i = begin + 4LL * (s * 256 + threadIdx.x);
+                if (i < full) a[s] = __ldcs(reinterpret_cast<const float4*>(src + i));
+            }
+#pragma unroll
+            for (int s = 0; s < STEPS; ++s) {
+                const long long i = begin + 4LL * (s * 256 + threadIdx.x);
+                if (i < full) {
+                    if (MODE == 2) {
+                        reinterpret_cast<float4*>(reinterpret_cast<float*>(dst_addr) + i)[0] = a[s];
+                    } else {
+                        uint2 o;
+                        o.x = pack2(to_bits<MODE>(a[s].x), to_bits<MODE>(a[s].y));
+                        o.y = pack2(to_bits<MODE>(a[s].z), to_bits<MODE>(a[s].w));
+                        *reinterpret_cast<uint2*>(reinterpret_cast<unsigned short*>(dst_addr) + i) = o;
+                    }
+                }
+            }
+            for (long long i = full + threadIdx.x; i < end; i += blockDim.x) {
+                if (MODE == 2) reinterpret_cast<float*>(dst_addr)[i] = src[i];
+                else reinterpret_cast<unsigned short*>(dst_addr)[i] = to_bits<MODE>(src[i]);
+            }
+        } else {
+            for (long long i = begin + threadIdx.x; i < end; i += blockDim.x) {
+                if (MODE == 2) reinterpret_cast<float*>(dst_addr)[i] = src[i];
+                else reinterpret_cast<unsigned short*>(dst_addr)[i] = to_bits<MODE>(src[i]);
+            }
+        }
+    }
+}

@@ -1,0 +1,149 @@
+"""The GRPO step, timed: a profile's study settings (the local profile: the real model, 8x8
+answers, 384 new tokens, lr 1e-6) for a few steps in each variant (mode x trainer arithmetic
+x fix), each variant in a process of its own so that its peak GPU memory is its own.
+Medians over the steps after the first two (warm-up: graph capture, allocator growth).
+
+    python -m ratchet.bench.grpo_step --config config/local.yaml --steps 12 \\
+        --variants colocated:fp32,split:bf16,colocated:fp32:exact --out grpo-step.json
+
+A variant is MODE:COMPUTE[:FIX], FIX one of none (default), fix (rounded weights), exact."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+FIXES = {"none": {}, "fix": {"round_weights": True}, "exact": {"round_weights": True, "exact_forward": True}}
+TIMES = ("time/step_s", "time/generate_s", "time/train_s", "time/sync_s", "time/wait_s")
+GAPS = ("mismatch/logprob_abs_diff_mean", "mismatch/logprob_abs_diff_max", "mismatch/kl_k3",
+        "rollout/stale_token_share", "train/num_tokens", "train/reward")
+PREPARE = ("download_model", "download_data", "convert_weights")
+
+
+def parse_variant(text: str) -> dict:
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or parts[0] not in ("colocated", "split") \
+            or parts[1] not in ("fp32", "fp16", "bf16") or (len(parts) == 3 and parts[2] not in FIXES):
+        raise SystemExit(f"--variants: {text!r} is not MODE:COMPUTE[:FIX] (mode colocated|split, "
+                         f"compute fp32|fp16|bf16, fix {'|'.join(FIXES)})")
+    return {"name": text, "mode": parts[0], "compute_dtype": parts[1], "fix": parts[2] if len(parts) == 3 else "none"}
+
+
+def run_variant(config: str, overrides: list[str], variant: dict, steps: int, out: Path) -> dict:
+    """One variant in this process: the prepare stages if their outputs are missing, then
+    `steps` GRPO steps without evals, checkpoints or a saved model; the step medians."""
+    import torch
+
+    from ratchet import config as config_mod
+    from ratchet.paths import RunPaths
+    from ratchet.rl.colocated import run_colocated
+    from ratchet.rl.split import run_split
+    from ratchet.stages import run_stage
+    from ratchet.stages.train import make_job
+
+    os.environ.setdefault("RATCHET_TRACKING", "off")
+    cfg = config_mod.load(config, overrides)
+    if not RunPaths.from_config(cfg).manifest.is_file():
+        for stage in PREPARE:
+            run_stage(stage, cfg)
+    job = make_job(cfg, variant["mode"], out_dir=out, steps=steps, eval_every=0, checkpoints=False,
+                   save_model=False, resume=False, compute_dtype=variant["compute_dtype"],
+                   **FIXES[variant["fix"]])
+    start = time.perf_counter()
+    summary = (run_colocated if variant["mode"] == "colocated" else run_split)(job)
+    wall = time.perf_counter() - start
+    import pandas as pd
+
+    rows = pd.read_parquet(out / "metrics.parquet")
+    timed = rows[rows["step"] >= min(2, steps - 1)]
+    result = {**variant, "steps": steps, "wall_s": wall, "engine_in": summary.get("engine_in"),
+              "median": {k: float(np.median(timed[k])) for k in TIMES + GAPS if k in timed},
+              "per_step_s": [float(x) for x in rows["time/step_s"]]}
+    if torch.cuda.is_available():
+        result["torch_max_reserved_gb"] = torch.cuda.max_memory_reserved() / 2 ** 30
+    return result
+
+
+class GpuMemory:
+    """The largest GPU memory a process (and its children) held, sampled through nvidia-smi."""
+
+    def __init__(self, pid: int, every_s: float = 0.2):
+        self.pid, self.every_s, self.peak_mib = pid, every_s, 0.0
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+        self.thread.start()
+
+    def _poll(self) -> None:
+        while not self.done.wait(self.every_s):
+            try:
+                text = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
+                                       "--format=csv,noheader,nounits"], capture_output=True,
+                                      text=True, timeout=5).stdout
+            except (OSError, subprocess.SubprocessError):
+                return
+            used = sum(float(m) for p, m in (line.split(",") for line in text.strip().splitlines() if "," in line)
+                       if int(p) == self.pid)
+            self.peak_mib = max(self.peak_mib, used)
+
+    def stop(self) -> float:
+        self.done.set()
+        self.thread.join()
+        return self.peak_mib / 1024
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", default="config/local.yaml")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--variants", default="colocated:fp32,colocated:bf16,split:bf16")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--one", help=argparse.SUPPRESS)  # a child: run this variant, JSON to --out
+    args = ap.parse_args(argv)
+    if args.steps < 3:
+        raise SystemExit("--steps: at least 3 (the first two are warm-up)")
+    if args.one:
+        with tempfile.TemporaryDirectory() as tmp:
+            result = run_variant(args.config, args.overrides, parse_variant(args.one), args.steps, Path(tmp))
+        Path(args.out).write_text(json.dumps(result, indent=1))
+        return
+    variants = [parse_variant(v) for v in args.variants.split(",")]
+    results = []
+    for i, variant in enumerate(variants):
+        part = Path(args.out).with_suffix(f".{i}.json")
+        cmd = [sys.executable, "-m", "ratchet.bench.grpo_step", "--config", args.config, "--steps",
+               str(args.steps), "--one", variant["name"], "--out", str(part)]
+        for o in args.overrides:
+            cmd += ["--set", o]
+        print(f"[grpo_step] {variant['name']}: {args.steps} steps", flush=True)
+        child = subprocess.Popen(cmd)
+        memory = GpuMemory(child.pid)
+        rc = child.wait()
+        peak = memory.stop()
+        if rc != 0:
+            results.append({**variant, "error": f"exit status {rc}"})
+            print(f"[grpo_step] {variant['name']} failed (exit status {rc})", flush=True)
+            continue
+        result = json.loads(part.read_text())
+        part.unlink()
+        result["peak_gpu_mem_gb"] = peak
+        results.append(result)
+        m = result["median"]
+        print(f"[grpo_step] {variant['name']}: step {m['time/step_s']:.3f}s  generate "
+              f"{m['time/generate_s']:.3f}s  train {m['time/train_s']:.3f}s  sync {m['time/sync_s'] * 1e3:.1f}ms  "
+              f"gap mean {m.get('mismatch/logprob_abs_diff_mean', float('nan')):.2e}  peak {peak:.1f} GB", flush=True)
+    Path(args.out).write_text(json.dumps({"config": args.config, "overrides": args.overrides,
+                                          "steps": args.steps, "variants": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
