@@ -71,7 +71,7 @@ def test_inplace_sync_bit_equal_to_reload(dtype):
         np.testing.assert_array_equal(host(synced.prefill(0, prompt)), host(reloaded.prefill(0, prompt)))
 
 
-@pytest.mark.parametrize("kernel", ["search", "table", "table-16384-8"])
+@pytest.mark.parametrize("kernel", ["search", "default", "table-4096-4-0-1", "table-1024-8-0-1"])
 def test_copy_many_odd_sizes_misaligned_sources(kernel):
     """One launch over tensors of odd sizes (chunk edges, tails), torch tensors (pointer path)
     and CuPy views starting off a 16-byte boundary (DLPack path): bits equal round_to's, with
@@ -91,8 +91,8 @@ def test_copy_many_odd_sizes_misaligned_sources(kernel):
         srcs += [base[1:], base[3:4003]]  # CuPy views 4 and 12 bytes off the allocation
         bufs = [cp.zeros(int(np.prod(t.shape)), dtype=storage) for t in srcs]
         name, *rest = kernel.split("-")
-        choice = sync.SEARCH if name == "search" else sync.SyncKernel("table", *map(int, rest)) if rest \
-            else sync.DEFAULT_KERNEL
+        choice = sync.SEARCH if name == "search" else sync.DEFAULT_KERNEL if name == "default" \
+            else sync.SyncKernel("table", *map(int, rest[:2]), *map(bool, map(int, rest[2:])))
         sync.copy_many(list(zip(bufs, srcs)), dtype, kernel=choice)
         cp.cuda.runtime.deviceSynchronize()
         for buf, src in zip(bufs, srcs):

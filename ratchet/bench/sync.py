@@ -23,10 +23,16 @@ def compare_kernels(backend, items) -> dict[str, float]:
 
     from ratchet.engine.cuda import sync
 
-    kernels = {"search": sync.SEARCH, "table": sync.DEFAULT_KERNEL,
-               "table-16384-4": sync.SyncKernel("table", 16384, 4),
-               "table-8192-8": sync.SyncKernel("table", 8192, 8),
-               "table-4096-8": sync.SyncKernel("table", 4096, 8)}
+    K = sync.SyncKernel
+    kernels = {"search": sync.SEARCH, "default": sync.DEFAULT_KERNEL,
+               "table-8192": K("table", 8192, 4), "table-8192-plain": K("table", 8192, 4, stream=False),
+               "table-8192-per-chunk": K("table", 8192, 4, per_chunk=True),
+               "table-8192-per-chunk-plain": K("table", 8192, 4, stream=False, per_chunk=True),
+               "table-4096-per-chunk": K("table", 4096, 4, per_chunk=True),
+               "table-4096-per-chunk-plain": K("table", 4096, 4, stream=False, per_chunk=True),
+               "table-2048-per-chunk": K("table", 2048, 8, per_chunk=True),
+               "table-2048-per-chunk-plain": K("table", 2048, 8, stream=False, per_chunk=True),
+               "table-1024-per-chunk-plain": K("table", 1024, 8, stream=False, per_chunk=True)}
     out = {}
     for name, kernel in kernels.items():
         ws = sync.WeightSync(backend.weights, backend.dtype, kernel=kernel)

@@ -22,16 +22,22 @@ BLOCK = 256
 class SyncKernel:
     """Which conversion kernel a sync launches: "search" (convert_many, CHUNK fixed at
     kernels/convert.cu's CONVERT_CHUNK, 4 blocks per multiprocessor) or "table" (convert_table,
-    its chunk and resident blocks template arguments). A grid of at most `blocks_per_sm` per
-    multiprocessor: every block resident at once, no second wave."""
+    its chunk, resident blocks and load kind template arguments). The grid: at most
+    `blocks_per_sm` per multiprocessor (every block resident at once, a grid-stride loop over
+    the chunks), or with `per_chunk` one block per chunk (the hardware schedules them)."""
     name: str = "table"
     chunk: int = 8192
     blocks_per_sm: int = 4
+    stream: bool = True
+    per_chunk: bool = False
 
     def expression(self, mode: int) -> str:
         if self.name == "search":
             return f"convert_many<{mode}>"
-        return f"convert_table<{mode}, {self.chunk}, {self.blocks_per_sm}>"
+        return f"convert_table<{mode}, {self.chunk}, {self.blocks_per_sm}, {int(self.stream)}>"
+
+    def grid(self, chunks: int, sms: int) -> int:
+        return chunks if self.per_chunk else max(1, min(chunks, sms * self.blocks_per_sm))
 
 
 SEARCH = SyncKernel("search", 8192, 4)
@@ -137,7 +143,7 @@ class _Plan:
             if self.kernel.name == "table":
                 self.table = cp.asarray(np.repeat(np.arange(len(sizes), dtype=np.int32), counts))
         if self.chunks:
-            grid = max(1, min(self.chunks, _sm_count() * self.kernel.blocks_per_sm))
+            grid = self.kernel.grid(self.chunks, _sm_count())
             fn = _kernel(mode, self.kernel)
             if self.kernel.name == "table":
                 fn((grid,), (BLOCK,), (self.desc, self.table, np.int64(self.chunks)))

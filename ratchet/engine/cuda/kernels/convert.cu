@@ -131,8 +131,10 @@ convert_many(const ConvertDesc* __restrict__ descs, int ndesc, long long nchunks
 // the chunk's descriptor read from a table (one load, not a binary search of dependent loads
 // before the chunk's first load can issue), and each load a warp-coalesced 16 bytes per thread
 // (a warp reads 512 contiguous bytes per instruction, writes 256). CHUNK / (4 * 256) loads per
-// thread, all issued before the first store. MIN_BLOCKS: resident blocks per multiprocessor.
-template <int MODE, int CHUNK, int MIN_BLOCKS>
+// thread, all issued before the first store. MIN_BLOCKS: resident blocks per multiprocessor
+// (the register budget); STREAM: evict-first loads (__ldcs) or plain ones. Launched with one
+// block per chunk or a grid-stride loop over them (the caller's grid).
+template <int MODE, int CHUNK, int MIN_BLOCKS, int STREAM>
 __global__ void __launch_bounds__(256, MIN_BLOCKS)
 convert_table(const ConvertDesc* __restrict__ descs, const int* __restrict__ chunk_desc, long long nchunks) {
     constexpr int STEPS = CHUNK / (4 * 256);
@@ -151,7 +153,8 @@ convert_table(const ConvertDesc* __restrict__ descs, const int* __restrict__ chu
 #pragma unroll
             for (int s = 0; s < STEPS; ++s) {
                 const long long i = begin + 4LL * (s * 256 + threadIdx.x);
-                if (i < full) a[s] = __ldcs(reinterpret_cast<const float4*>(src + i));
+                if (i < full) a[s] = STREAM ? __ldcs(reinterpret_cast<const float4*>(src + i))
+                                            : *reinterpret_cast<const float4*>(src + i);
             }
 #pragma unroll
             for (int s = 0; s < STEPS; ++s) {

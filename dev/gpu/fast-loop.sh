@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# GPU calls for the fast loop (issue 18): the weight-sync kernels, the GPU suite's sync tests,
+# and the GRPO step bench (ratchet.bench.grpo_step) on the local profile, detached and polled:
+#   VARIANTS=colocated:fp32,split:bf16 STEPS=10 bash dev/gpu/fast-loop.sh start
+#   bash dev/gpu/fast-loop.sh wait       # poll up to WAIT_S s (default 540)
+# Results in /root/fast (state) and, on `wait` once done, under $OUT/fast/.
+# Before: the model chunks in /root/m, .whl and .cache/gsm8k carried (dev/gpu/check.sh).
+set -uo pipefail
+source dev/gpu/env.sh
+source dev/gpu/detached.sh
+state=/root/fast
+
+case "${1:?start, wait or run}" in
+start)
+  mkdir -p /root/data && cp -r .cache/gsm8k /root/data/ 2>/dev/null
+  inputs_in_place || exit 1
+  export RATCHET_TRACKING=off STEPS=${STEPS:-10} SECTIONS=${SECTIONS:-weights,sync,steps}
+  export VARIANTS=${VARIANTS:-colocated:fp32,colocated:bf16,split:bf16}
+  start_detached "$state" dev/gpu/fast-loop.sh
+  sleep 20 && tail -3 "$state/run.log"
+  ;;
+run)
+  t0=$(date +%s)
+  case ",$SECTIONS," in *,weights,*)
+    python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_cuda_weights.py > "$state/pytest-weights.txt" 2>&1 ;; esac
+  case ",$SECTIONS," in *,sync,*)
+    python3 -m ratchet.bench --sections sync --out "$state/bench-sync.json" > "$state/bench-sync.txt" 2>&1 ;; esac
+  case ",$SECTIONS," in *,steps,*)
+    python3 -m ratchet.bench.grpo_step --config config/local.yaml --steps "$STEPS" --variants "$VARIANTS" \
+      --out "$state/grpo-step.json" > "$state/grpo-step.txt" 2>&1 ;; esac
+  echo $(( $(date +%s) - t0 )) > "$state/wall_s"
+  echo 0 > "$state/rc"
+  ;;
+wait)
+  wait_done "$state"
+  tail -3 "$state/pytest-weights.txt" 2>/dev/null
+  grep -h "^\[grpo_step\]" "$state/grpo-step.txt" 2>/dev/null | tail -20
+  grep -hE "Error|error" "$state/grpo-step.txt" 2>/dev/null | tail -5
+  if [ -f "$state/rc" ]; then
+    echo "done in $(cat "$state/wall_s") s"
+    mkdir -p "$OUT/fast" && cp "$state"/*.json "$state"/*.txt "$OUT/fast/" 2>/dev/null
+  else
+    echo "still running"; tail -2 "$state/run.log"
+  fi
+  ;;
+esac
