@@ -4,6 +4,7 @@
       model.safetensors       the engine names, stored in the engine dtype (fp32, fp16 or bf16)
       config.json             ModelConfig.to_dict() plus "engine_dtype"
       manifest.json           dtype, parameter count, SHA-256 of the file and of each tensor's bytes
+                              (+ snap_to and its count when the source was snapped to a grid)
       tokenizer.json, tokenizer_config.json, ...   copied from the source
 
 In memory the weights are float32 NumPy arrays whose values lie on the engine dtype's grid, so
@@ -44,8 +45,10 @@ class EngineModel:
 
 
 def save_engine_model(out_dir: str | Path, cfg: ModelConfig, weights: dict[str, np.ndarray],
-                      dtype: str, tokenizer_dir: str | Path | None = None) -> Path:
-    """Write a model directory; an existing `out_dir` is replaced only once the new one is whole."""
+                      dtype: str, tokenizer_dir: str | Path | None = None,
+                      manifest_extra: dict | None = None) -> Path:
+    """Write a model directory; an existing `out_dir` is replaced only once the new one is whole.
+    `manifest_extra`: keys added to the manifest (how the weights were made, e.g. `snap_to`)."""
     if dtype not in DTYPES:
         raise InputError(f"save_engine_model: dtype {dtype!r} is not one of {DTYPES}")
     out_dir = Path(out_dir)
@@ -64,7 +67,7 @@ def save_engine_model(out_dir: str | Path, cfg: ModelConfig, weights: dict[str, 
         (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
         manifest = {"dtype": dtype, "num_parameters": num_parameters(cfg),
                     "file_sha256": file_sha256(tmp / WEIGHTS_FILE),
-                    "tensors": tensor_hashes(tmp / WEIGHTS_FILE)}
+                    "tensors": tensor_hashes(tmp / WEIGHTS_FILE)} | (manifest_extra or {})
         (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
         if tokenizer_dir is not None:
             copy_tokenizer_files(tokenizer_dir, tmp)

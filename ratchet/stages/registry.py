@@ -39,7 +39,7 @@ STAGES: dict[str, Stage] = {
     "download_data": Stage("ratchet.stages.download_data", ("data",),
                            "the task's train and test splits as parquet",
                            writes=lambda p: [p.train_data, p.test_data]),
-    "convert_weights": Stage("ratchet.stages.convert_weights", ("model", "engine"),
+    "convert_weights": Stage("ratchet.stages.convert_weights", ("model", "convert", "engine"),
                              "the source model in the engine layout and dtype, with a manifest",
                              reads=lambda p: [p.source_done], writes=lambda p: [p.manifest]),
     "build_engine": Stage("ratchet.stages.build_engine", ("engine",),
