@@ -118,6 +118,14 @@ class RunPaths:
         return self.ablate / "fix.png"
 
     @property
+    def gradient_table(self) -> Path:
+        return self.ablate / "gradient.parquet"
+
+    @property
+    def gradient_figure(self) -> Path:
+        return self.ablate / "gradient.png"
+
+    @property
     def ablate_summary(self) -> Path:
         return self.ablate / "summary.json"
 

@@ -27,6 +27,7 @@ class AblateSettings:
     """The `ablate:` section, the seed, the pipeline's engine dtype and the profile's GRPO
     settings (the ablation runs' knobs that `ablate:` does not set)."""
     updates: tuple[int, ...]
+    gradient_updates: tuple[int, ...] | None  # None: `updates`
     num_rollouts: int
     max_new_tokens: int
     problems_per_step: int
@@ -58,6 +59,12 @@ class AblateSettings:
             raise ValueError(f"config ablate.fix_runs: {sorted(unknown)} not in {tuple(FIX_RUNS)}")
         if not self.updates or self.updates[0] < 0:
             raise ValueError("config ablate.updates: needs update counts >= 0")
+        if self.gradient_updates is None:
+            self.gradient_updates = self.updates
+        self.gradient_updates = tuple(sorted(set(int(u) for u in self.gradient_updates)))
+        if not self.gradient_updates or self.gradient_updates[0] < 0:
+            raise ValueError(f"config ablate.gradient_updates: needs update counts >= 0, "
+                             f"got {list(self.gradient_updates)}")
 
     @staticmethod
     def schema_key(name: str) -> tuple[str, ...]:

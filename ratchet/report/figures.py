@@ -149,6 +149,50 @@ def fix_figure(steps: pd.DataFrame, path: Path) -> Path:
     return _save(fig, path)
 
 
+GRADIENT_STYLE = {  # variant -> (label, colour, line style, width): exact draws on top of fix
+    "engine_old": ("old = engine's log-probs, no correction", "black", "-", 3.0),
+    "tis": ("TIS", "tab:orange", "-", 1.5),
+    "mis": ("MIS", "tab:cyan", "-", 1.5),
+    "fix": ("fix (rounded weights)", "tab:purple", "-", 3.5),
+    "exact": ("exact fix, old = engine's log-probs", "tab:olive", "--", 1.5),
+}
+
+
+def gradient_figure(frame: pd.DataFrame, path: Path) -> Path:
+    """1 - cosine and the relative norm difference to the on-policy gradient (log scale)
+    against updates, one line per variant, one column per engine dtype; a gradient equal to
+    the reference's (0) has no point."""
+    dtypes = list(dict.fromkeys(frame["engine_dtype"]))
+    fig, axes = plt.subplots(2, len(dtypes), figsize=(5.2 * len(dtypes), 7.5), squeeze=False,
+                             sharex=True)
+    for col, dtype in enumerate(dtypes):
+        part = frame[frame["engine_dtype"] == dtype]
+        for row, (values, title) in enumerate([(lambda s: 1 - s["cosine"], "1 - cosine"),
+                                               (lambda s: s["rel_diff"], "|g - g_ref| / |g_ref|")]):
+            ax = axes[row][col]
+            for variant, (label, colour, style, width) in GRADIENT_STYLE.items():
+                s = part[part["variant"] == variant].sort_values("updates")
+                if not s.empty:
+                    same = (frame.loc[frame["variant"] == variant, "rel_diff"] == 0).all()
+                    ax.plot(s["updates"], _positive(values(s)), marker="o", color=colour, ls=style,
+                            lw=width, label=label + (" (= reference: no point)" if same else ""))
+            ax.set_yscale("log")
+            ax.set_xscale("symlog", linthresh=1)
+            ticks = sorted(part["updates"].unique())
+            ax.set_xticks(ticks)
+            ax.set_xticklabels([str(t) for t in ticks])
+            ax.set_title(f"{dtype} engine: {title}")
+            ax.set_ylabel(f"{title} (log)")
+            ax.grid(True, which="both", alpha=0.3)
+            if row == 1:
+                ax.set_xlabel("GRPO updates")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=9, bbox_to_anchor=(0.5, -0.04))
+    fig.subplots_adjust(wspace=0.3)
+    fig.suptitle("The policy gradient of one fresh batch against the on-policy one (fp32, old = trainer's)")
+    return _save(fig, path)
+
+
 def training_figure(train: dict[str, pd.DataFrame | None], path: Path) -> Path:
     """Reward and the mean engine-trainer gap per step for each training mode that ran."""
     ran = {mode: df for mode, df in train.items() if df is not None and len(df)}

@@ -40,6 +40,7 @@ class ReportInputs:
     visibility: pd.DataFrame | None = None
     fix_steps: pd.DataFrame | None = None
     fix_runs: pd.DataFrame | None = None
+    gradient: pd.DataFrame | None = None
     ablate_summary: dict | None = None
     ablate_settings: dict | None = None
     figures: dict[str, str | None] = field(default_factory=dict)  # name -> path from summary.md
@@ -142,6 +143,24 @@ def build_summary(inputs: ReportInputs) -> str:
             _table(T.fix_table(inputs.fix_runs), "fix runs"), "",
             _table(T.fix_gap_by_step(inputs.fix_steps), "fix runs"), "",
             _figure(inputs, "fix", "the fix against TIS and MIS"), ""]
+
+    # ---------------------------------------------------------------- the gradient
+    out += ["## What the gap does to the gradient", "",
+            "On one fresh batch of the engine's rollouts after each count of updates (one plain "
+            "GRPO run per engine dtype), the policy gradient of each variant against the "
+            "on-policy one (fp32 forward, old = the trainer's own log-probabilities): "
+            "`engine_old` takes the engine's sampling-time log-probabilities as old, `tis` / `mis` "
+            "correct for them, `fix` is the gradient of the forward on the rounded weights, "
+            "`exact` the fix with the engine's values, old = the engine's log-probabilities "
+            "again. All parameters in float64, before the norm clip; no optimiser step.", ""]
+    if inputs.gradient is not None:
+        out += ["|g - g_ref| / |g_ref|:", "", T.markdown(T.gradient_compact(inputs.gradient, "rel_diff")), "",
+                "<details><summary>every row (1 - cosine, |g|, the ratio the loss sees, the mean "
+                "loss weight)</summary>", "", T.markdown(T.gradient_table(inputs.gradient)), "",
+                "</details>", ""]
+    else:
+        out += ["_gradient: not run._", ""]
+    out += [_figure(inputs, "gradient", "the gradient's error against updates"), ""]
 
     # ---------------------------------------------------------------- records
     out += ["## Records", ""]

@@ -201,3 +201,26 @@ def fix_gap_by_step(steps: pd.DataFrame | None) -> pd.DataFrame | None:
                      "outside band": _mean(part, "ratio_outside_share"),
                      "reward": _mean(part, "reward")})
     return pd.DataFrame(rows)
+
+
+def gradient_compact(frame: pd.DataFrame | None, metric: str = "rel_diff") -> pd.DataFrame | None:
+    """(dtype, updates) x variant of one metric, the reference left out (cosine 1, rel 0)."""
+    if frame is None:
+        return None
+    part = frame[frame["variant"] != "reference"]
+    wide = part.pivot_table(index=["engine_dtype", "updates"], columns="variant", values=metric,
+                            sort=False)
+    extra = frame.groupby(["engine_dtype", "updates"], sort=False)[["num_tokens", "gap_mean"]].first()
+    out = wide.join(extra).reset_index()
+    return out.rename(columns={"engine_dtype": "dtype", "num_tokens": "tokens", "gap_mean": "mean |dlogp|"})
+
+
+def gradient_table(frame: pd.DataFrame | None) -> pd.DataFrame | None:
+    if frame is None:
+        return None
+    out = frame[["engine_dtype", "updates", "variant", "cosine", "rel_diff", "norm", "ratio_max_dev",
+                 "weight_mean", "num_tokens", "gap_mean"]].copy()
+    out["cosine"] = 1 - out["cosine"]
+    out.columns = ["dtype", "updates", "variant", "1 - cosine", "rel diff", "|g|", "max |ratio - 1|",
+                   "mean weight", "tokens", "mean |dlogp|"]
+    return out

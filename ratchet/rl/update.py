@@ -84,9 +84,9 @@ def old_logprobs_and_weights(mask, stale, trainer, engine, cfg: GRPOConfig) -> t
 
 
 def update(policy, optimizer, exp: Experience, cfg: GRPOConfig, comm: Comm, scored: bool) -> dict:
-    """One AdamW step per mini-batch over its micro-batches. The loss of a mini-batch is its
-    token sum over its token count on all workers. Unless `scored`, each micro-batch's own
-    forward is its scoring one (the weights change only at the optimiser step)."""
+    """One AdamW step per mini-batch over its micro-batches (backward_loss). The loss of a
+    mini-batch is its token sum over its token count on all workers; the weights change only
+    at the optimiser step."""
     params = list(policy.parameters())
     on_gpu, scale = params[0].is_cuda, loss_scale(cfg)
     totals = {"loss": 0.0, "clipped": 0.0, "ratio": 0.0, "grad_norm": 0.0, "updates": 0, "skipped": 0}
@@ -96,20 +96,8 @@ def update(policy, optimizer, exp: Experience, cfg: GRPOConfig, comm: Comm, scor
         if num_tokens == 0:
             continue  # every worker sees the same global count, so all skip together
         optimizer.zero_grad(set_to_none=False)
-        for rows, lp, mask, ent in forwards(policy, exp, minibatch.tolist(), cfg, with_entropy=not scored):
-            t = lp.shape[1]  # [b, t]
-            if scored:
-                old, weights = exp.old[rows, :t], exp.weights[rows, :t]
-            else:
-                before = lp.detach()
-                exp.trainer[rows, :t], exp.entropy[rows, :t] = before, ent.detach()
-                old, weights = old_logprobs_and_weights(mask, exp.stale[rows, :t], before,
-                                                        exp.engine[rows, :t], cfg)
-                exp.old[rows, :t], exp.weights[rows, :t] = old, weights
-            loss, sums = policy_loss(lp, old, exp.advantages[rows], mask, weights, num_tokens,
-                                     cfg.clip_eps_low, cfg.clip_eps_high)
-            (loss * scale if scale != 1.0 else loss).backward()
-            totals["loss"] += float(loss.detach()) / len(minibatches)
+        for loss, sums in backward_loss(policy, exp, minibatch.tolist(), num_tokens, cfg, scored, scale):
+            totals["loss"] += loss / len(minibatches)
             totals["clipped"] += sums["clipped"]
             totals["ratio"] += sums["ratio"]
         comm.sum_grads(params)
@@ -123,6 +111,28 @@ def update(policy, optimizer, exp: Experience, cfg: GRPOConfig, comm: Comm, scor
         optimizer.step()
         totals["updates"] += 1
     return totals
+
+
+def backward_loss(policy, exp: Experience, rows: list[int], num_tokens: float, cfg: GRPOConfig,
+                  scored: bool, scale: float = 1.0):
+    """The loss of `rows` (`num_tokens`: their token count on all workers) backwarded micro-batch
+    by micro-batch into the parameters' .grad, times `scale` (loss_scale); yields (loss, sums)
+    after each. Unless `scored`, each micro-batch's forward is its scoring one: it fills the
+    trainer's side of `exp`."""
+    for mb, lp, mask, ent in forwards(policy, exp, rows, cfg, with_entropy=not scored):
+        t = lp.shape[1]  # [b, t]
+        if scored:
+            old, weights = exp.old[mb, :t], exp.weights[mb, :t]
+        else:
+            before = lp.detach()
+            exp.trainer[mb, :t], exp.entropy[mb, :t] = before, ent.detach()
+            old, weights = old_logprobs_and_weights(mask, exp.stale[mb, :t], before,
+                                                    exp.engine[mb, :t], cfg)
+            exp.old[mb, :t], exp.weights[mb, :t] = old, weights
+        loss, sums = policy_loss(lp, old, exp.advantages[mb], mask, weights, num_tokens,
+                                 cfg.clip_eps_low, cfg.clip_eps_high)
+        (loss * scale if scale != 1.0 else loss).backward()
+        yield float(loss.detach()), sums
 
 
 def step_metrics(exp: Experience, totals: dict, cfg: GRPOConfig, comm: Comm) -> dict[str, float]:

@@ -70,7 +70,7 @@ def make_setup(cfg: dict, with_eval: bool = False):
     return setup, settings
 
 
-def _write_ablation(run, frame, table, figure, draw) -> None:
+def write_ablation(run, frame, table, figure, draw) -> None:
     """An ablation's table and its figure (`draw(frame, path)`), both as the run's outputs."""
     write_parquet(table, frame)
     draw(frame, figure)
@@ -118,8 +118,8 @@ def ablate_decompose(cfg: dict, run) -> None:
 
     frame, vis = along_updates(setup, settings, log=log, log_visibility=log_visibility)
     run.log_metrics({"time/decompose_s": time.perf_counter() - start})  # both: one GRPO run
-    _write_ablation(run, frame, paths.decompose_table, paths.decompose_figure, decomposition_figure)
-    _write_ablation(run, vis, paths.visibility_table, paths.visibility_figure, visibility_figure)
+    write_ablation(run, frame, paths.decompose_table, paths.decompose_figure, decomposition_figure)
+    write_ablation(run, vis, paths.visibility_table, paths.visibility_figure, visibility_figure)
 
 
 # ---------------------------------------------------------------------------- fix
@@ -172,10 +172,11 @@ def gap_ratio(total: float, fixed: float) -> float:
     return float(total) / max(float(fixed), LOGP_RESOLUTION)
 
 
-def records(settings, decompose, vis, runs) -> dict:
+def records(settings, decompose, vis, runs, gradient=None) -> dict:
     """summary.json: the ablations' headline numbers (None where not measured); a fix's ratio is
     the total gap over what the fix leaves (`exact`: rounded weights and the engine's arithmetic;
-    `rounding_only`: the rounded weights in fp32 maths, the `fixed` source)."""
+    `rounding_only`: the rounded weights in fp32 maths, the `fixed` source); `gradient_*`: each
+    variant's |g - g_ref| / |g_ref| after the most updates, on the pipeline's engine dtype."""
     out: dict = {"engine_dtype": settings.engine_dtype, "lr": settings.lr,
                  "num_rollouts": settings.num_rollouts, "max_new_tokens": settings.max_new_tokens}
     if decompose is not None:
@@ -226,4 +227,13 @@ def records(settings, decompose, vis, runs) -> dict:
             if "accuracy" in by:
                 out[f"accuracy_{name}"] = float(by.loc[name, "accuracy"])
             out[f"final_gap_max_{name}"] = float(by.loc[name, "final_gap_max"])
+    if gradient is not None and len(gradient):
+        dtype = settings.engine_dtype if settings.engine_dtype in set(gradient["engine_dtype"]) \
+            else str(gradient["engine_dtype"].iloc[0])
+        part = gradient[gradient["engine_dtype"] == dtype]
+        last = part[part["updates"] == part["updates"].max()].set_index("variant")
+        out.update({"gradient_updates": int(part["updates"].max()), "gradient_dtype": dtype,
+                    "gradient_gap_mean": float(last["gap_mean"].iloc[0])})
+        for variant in last.index.drop("reference", errors="ignore"):
+            out[f"gradient_rel_diff_{variant}"] = float(last.loc[variant, "rel_diff"])
     return out

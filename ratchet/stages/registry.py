@@ -60,6 +60,10 @@ STAGES: dict[str, Stage] = {
     "ablate_fix": Stage("ratchet.stages.ablate", ("data", "engine", "eval", "ablate"),
                         "GRPO with no correction, the fix, the exact fix, TIS and MIS from the same seeds",
                         reads=_prepared, writes=lambda p: [p.fix_table, p.fix_steps, p.fix_figure]),
+    "ablate_gradient": Stage("ratchet.stages.ablate_gradient", ("data", "engine", "ablate"),
+                             "the policy gradient of a fresh batch under each remedy against the "
+                             "on-policy one, along one GRPO run per engine dtype",
+                             reads=_prepared, writes=lambda p: [p.gradient_table, p.gradient_figure]),
     **{f"train_{m}": Stage("ratchet.stages.train", ("data", "engine", "eval", "train"),
                            f"GRPO training, {m} mode (resumes from its newest checkpoint)",
                            reads=_prepared, writes=_trained(m)) for m in MODES},
@@ -78,7 +82,8 @@ STAGES: dict[str, Stage] = {
                     reads=lambda p: [p.train_trace(m) for m in MODES], writes=lambda p: [p.verify_json]),
     "report": Stage("ratchet.stages.report", ("engine", "ablate"),
                     "every table and figure of the run, and the ablations' headline numbers",
-                    reads=lambda p: [p.eval_json("baseline"), p.decompose_table, p.visibility_table, p.fix_table],
+                    reads=lambda p: [p.eval_json("baseline"), p.decompose_table, p.visibility_table, p.fix_table,
+                                     p.gradient_table],
                     writes=lambda p: [p.report_summary, p.report_summary_html, p.report_training_figure,
                                       p.ablate_summary]),
 }

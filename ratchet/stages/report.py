@@ -48,7 +48,7 @@ def gather(cfg: dict):
     engine = f"{build['backend']}, {build['dtype']}" if build else cfg["engine"]["dtype"]
     figures = {name: rel(p) if p.is_file() else None for name, p in
                [("decompose", paths.decompose_figure), ("visibility", paths.visibility_figure),
-                ("fix", paths.fix_figure)]}
+                ("fix", paths.fix_figure), ("gradient", paths.gradient_figure)]}
     return ReportInputs(
         run_name=cfg["run_name"], engine=engine,
         baseline=_json(paths.eval_json("baseline")),
@@ -58,18 +58,19 @@ def gather(cfg: dict):
         verify=_json(paths.verify_json),
         decompose=_parquet(paths.decompose_table), visibility=_parquet(paths.visibility_table),
         fix_steps=_parquet(paths.fix_steps), fix_runs=_parquet(paths.fix_table),
+        gradient=_parquet(paths.gradient_table),
         ablate_summary=_json(paths.ablate_summary), ablate_settings=dict(cfg["ablate"]),
         figures=figures)
 
 
 def write_ablation_records(cfg: dict, inputs, run) -> dict:
-    """ablate/summary.json: the ablations' headline numbers, from their three tables."""
+    """ablate/summary.json: the ablations' headline numbers, from their tables."""
     from ratchet.mismatch.ablation import AblateSettings
     from ratchet.stages.ablate import records
 
     paths = RunPaths.from_config(cfg)
     record = records(AblateSettings.from_config(cfg), inputs.decompose, inputs.visibility,
-                     inputs.fix_runs)
+                     inputs.fix_runs, inputs.gradient)
     build = _json(paths.build)
     record.update({"run_name": cfg["run_name"], "backend": build["backend"] if build else None})
     write_json(paths.ablate_summary, record)
@@ -100,7 +101,7 @@ def report(cfg: dict, run) -> None:
     paths = RunPaths.from_config(cfg)
     inputs = gather(cfg)
     records = write_ablation_records(cfg, inputs, run)
-    if any(t is not None for t in (inputs.decompose, inputs.visibility, inputs.fix_runs)):
+    if any(t is not None for t in (inputs.decompose, inputs.visibility, inputs.fix_runs, inputs.gradient)):
         inputs.ablate_summary = records
     training_figure(inputs.train, paths.report_training_figure)
     inputs.figures["training"] = os.path.relpath(paths.report_training_figure, paths.report)
@@ -112,13 +113,13 @@ def report(cfg: dict, run) -> None:
                                     *[(f"train {m}", d) for m, d in inputs.train.items()],
                                     ("verify", inputs.verify),
                                     ("decompose", inputs.decompose), ("visibility", inputs.visibility),
-                                    ("fix", inputs.fix_runs)] if v is None]
+                                    ("fix", inputs.fix_runs), ("gradient", inputs.gradient)] if v is None]
     print(f"[report] {paths.report_summary}" + (f" (not run yet: {', '.join(missing)})" if missing else ""))
     run.set_tags({"report.not_run": ",".join(missing) or "none"})
     run.log_output(paths.report_summary)
     run.log_output(paths.report_summary_html)
     run.log_output(paths.report_training_figure)
-    for name in ("decompose", "visibility", "fix"):
+    for name in ("decompose", "visibility", "fix", "gradient"):
         figure = getattr(paths, f"{name}_figure")
         if figure.is_file():
             run.log_output(figure)

@@ -62,3 +62,31 @@ rule ablate_fix:
         P.benchmark("ablate_fix")
     shell:
         ratchet_cmd("ablate_fix")
+
+
+rule ablate_gradient:
+    input:
+        build=rules.build_engine.output.build,
+        train=rules.download_data.output.train,
+        test=rules.download_data.output.test,
+    output:
+        table=P.gradient_table,
+        figure=report(
+            P.gradient_figure,
+            caption="../report/gradient.rst",
+            category="Mismatch ablations",
+            labels={"figure": "the gradient's error"},
+        ),
+    params:
+        settings=stage_settings("ablate_gradient"),
+    priority: 6
+    resources:
+        gpu_jobs=1,
+    conda:
+        "../envs/ratchet.yaml"
+    log:
+        P.log("ablate_gradient"),
+    benchmark:
+        P.benchmark("ablate_gradient")
+    shell:
+        ratchet_cmd("ablate_gradient")

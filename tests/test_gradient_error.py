@@ -1,0 +1,225 @@
+"""The gradient's error on a tiny model with real GRPO updates: the reference against itself,
+the engine's log-probabilities bending the gradient, the remedies that give it back (or not),
+a trajectory the measurement leaves alone, the stage's table, and a bad update count."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from configured import ablate_settings
+
+from ratchet.config import ConfigError, validate
+from ratchet.data.char_tokenizer import save_char_tokenizer
+from ratchet.data.prompts import make_prompt_fn
+from ratchet.data.synthetic import ALPHABET, make_arithmetic
+from ratchet.data.tokenizer import load_tokenizer
+from ratchet.mismatch.ablation import Setup, Trajectory
+from ratchet.mismatch.gradient import (
+    GRADIENT_VARIANTS,
+    SEED_OFFSET,
+    batch_gradient,
+    batch_rows,
+    compare_gradients,
+    fresh_groups,
+    gradient_errors,
+    variant_config,
+)
+from ratchet.model.convert_hf import convert_hf
+from ratchet.model.io import load_engine_model, save_engine_model
+from ratchet.model.tiny import make_tiny_model
+from ratchet.rl.sync import sync_weights
+from ratchet.rl.task import Task
+
+SETTINGS = dict(updates=(0, 3), num_rollouts=8, max_new_tokens=4, problems_per_step=4, group_size=8,
+                lr=1e-6, engine_dtypes=("fp16", "bf16"), max_steps_per_update=30, seed=0,
+                engine_dtype="fp16", micro_batch_size=5)
+COLUMNS = {"updates", "steps", "engine_dtype", "variant", "weight_dtype", "old_logprobs", "is_correction",
+           "exact_forward", "cosine", "rel_diff", "norm", "ref_norm", "ratio_max_dev", "weight_mean",
+           "num_tokens", "gap_mean", "gap_max"}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A seeded tiny Qwen2 model converted to fp16, and the synthetic task."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("tiny")
+    save_char_tokenizer(root / "tok", ALPHABET)
+    tok = load_tokenizer(root / "tok")
+    make_tiny_model(root / "hf", seed=0, vocab_size=tok.vocab_size, hidden_size=32,
+                    intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1,
+                    tokenizer_dir=root / "tok", eos_token_id=tok.eos_ids[0], pad_token_id=tok.pad_id)
+    cfg, weights = convert_hf(root / "hf")
+    save_engine_model(root / "model", cfg, weights, "fp16", tokenizer_dir=root / "hf")
+    model = load_engine_model(root / "model")
+    prompt_fn = make_prompt_fn(load_tokenizer(root / "model"), "synthetic")
+    train, _ = make_arithmetic(400, 40, seed=0)
+    task = Task([prompt_fn(q) for q in train["question"]], list(train["target"]), load_tokenizer(root / "model"))
+    yield Setup(model, task, [], backend="numpy", max_batch_size=64, max_seq_len=32)
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def settings():
+    return ablate_settings(**SETTINGS)
+
+
+@pytest.fixture(scope="module")
+def frame(tiny, settings):
+    return gradient_errors(tiny, settings)
+
+
+def rows(frame, dtype, updates):
+    part = frame[(frame["engine_dtype"] == dtype) & (frame["updates"] == updates)]
+    return part.set_index("variant")
+
+
+def batch(tiny, settings, dtype="fp16"):
+    """A policy on the converted weights, an engine of `dtype` on them, and one fresh batch."""
+    traj = Trajectory(tiny, dataclasses.replace(settings.grpo("none"), engine_dtype=dtype))
+    engine = tiny.engine(dtype)
+    sync_weights(engine, traj.policy)
+    return traj, engine, fresh_groups(engine, tiny.task, traj.cfg, settings.seed + SEED_OFFSET)
+
+
+def test_every_variant_for_every_dtype_and_update_count(frame, settings):
+    assert set(frame.columns) == COLUMNS
+    assert settings.gradient_updates == settings.updates == (0, 3)  # null: ablate.updates
+    for (dtype, updates), part in frame.groupby(["engine_dtype", "updates"]):
+        assert list(part["variant"]) == list(GRADIENT_VARIANTS), (dtype, updates)
+        assert part["num_tokens"].nunique() == 1 and (part["num_tokens"] > 0).all()  # one batch
+        assert part["ref_norm"].nunique() == 1 and (part["ref_norm"] > 0).all()
+    assert set(frame["updates"]) == {0, 3} and set(frame["engine_dtype"]) == {"fp16", "bf16"}
+    assert np.isfinite(frame[["cosine", "rel_diff", "norm"]].to_numpy()).all()
+
+
+def test_the_reference_against_itself(frame, tiny, settings):
+    ref = frame[frame["variant"] == "reference"]
+    assert (ref["cosine"] == 1.0).all() and (ref["rel_diff"] == 0.0).all()
+    assert (ref["ratio_max_dev"] == 0.0).all() and (ref["norm"] == ref["ref_norm"]).all()
+    # and computed twice on the same batch: the same bits, the .grad left as found
+    traj, _, groups = batch(tiny, settings)
+    cfg = variant_config(settings, "reference", "fp16")
+    for p in traj.policy.parameters():
+        p.grad = torch.full_like(p, 7.0)
+    first, _ = batch_gradient(traj.policy, groups, tiny.task, cfg)
+    second, _ = batch_gradient(traj.policy, groups, tiny.task, cfg)
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    assert compare_gradients(first, second) | {"norm": 0, "ref_norm": 0} == \
+        {"cosine": 1.0, "rel_diff": 0.0, "norm": 0, "ref_norm": 0}
+    assert all((p.grad == 7.0).all() for p in traj.policy.parameters())
+
+
+def test_the_engines_logprobs_as_old_bend_the_gradient(frame):
+    """A 16-bit engine's log-probs are off the trainer's: taken as old, every token's ratio
+    is theirs, off 1 by about the gap, and the gradient moves; more for bf16 than fp16."""
+    for (dtype, updates), part in frame.groupby(["engine_dtype", "updates"]):
+        m = part.set_index("variant")
+        old = m.loc["engine_old"]
+        assert old["gap_max"] > 0 and old["rel_diff"] > 0 and old["cosine"] < 1.0, (dtype, updates)
+        assert old["ratio_max_dev"] == pytest.approx(math.expm1(old["gap_max"]), rel=0.05)
+    for updates in (0, 3):
+        assert rows(frame, "bf16", updates).loc["engine_old", "rel_diff"] > \
+            rows(frame, "fp16", updates).loc["engine_old", "rel_diff"]
+
+
+def test_tis_is_the_engine_ratio_and_mis_inside_its_band_is_the_reference(frame):
+    """Inside the clip band and under its cap, TIS weighs each token by pi_trainer / pi_engine,
+    which is what the ratio over the engine's log-probs does to the gradient; MIS keeps every
+    token whose ratio lies in [low, high], so with gaps this small it is the reference."""
+    for (dtype, updates), part in frame.groupby(["engine_dtype", "updates"]):
+        m = part.set_index("variant")
+        assert m.loc["tis", "gap_max"] < math.log(2.0) / 2  # every ratio well inside both bands
+        assert m.loc["tis", "rel_diff"] == pytest.approx(m.loc["engine_old", "rel_diff"], rel=1e-3)
+        assert m.loc["tis", "weight_mean"] != 1.0 and m.loc["tis", "ratio_max_dev"] == 0.0
+        assert m.loc["mis", "rel_diff"] == 0.0 and m.loc["mis", "weight_mean"] == 1.0, (dtype, updates)
+
+
+def test_the_fix_and_the_exact_fix(frame, tiny, settings):
+    """The fix's gradient is the rounded weights' one: the reference's exactly where rounding
+    changes nothing (fp16-converted weights before any update), another elsewhere. The exact
+    fix takes the engine's log-probs as old, and they are its forward's values bit for bit
+    (NumPy engine, batch invariant): ratio 1, and the fix's gradient exactly."""
+    assert rows(frame, "fp16", 0).loc["fix", "rel_diff"] == 0.0
+    assert rows(frame, "bf16", 0).loc["fix", "rel_diff"] > 0
+    assert rows(frame, "fp16", 3).loc["fix", "rel_diff"] > 0  # the masters left the fp16 grid
+    exact, fix = frame[frame["variant"] == "exact"], frame[frame["variant"] == "fix"]
+    assert (exact["ratio_max_dev"] == 0.0).all()
+    for col in ("cosine", "rel_diff", "norm"):
+        assert exact[col].tolist() == fix[col].tolist(), col
+    traj, engine, groups = batch(tiny, settings, "bf16")
+    g_fix, _ = batch_gradient(traj.policy, groups, tiny.task, variant_config(settings, "fix", "bf16"))
+    g_exact, exp = batch_gradient(traj.policy, groups, tiny.task, variant_config(settings, "exact", "bf16"),
+                                  engine)
+    assert torch.equal(exp.exact[exp.mask], exp.engine[exp.mask])
+    assert all(torch.equal(a, b) for a, b in zip(g_fix, g_exact))
+
+
+def test_the_measurement_leaves_the_trajectory_alone(tiny, settings):
+    """A fresh batch and its gradients between two updates: the run's masters after the next
+    update are the bits of a run that never measured."""
+    plain = Trajectory(tiny, settings.grpo("none"))
+    plain.advance_to(2, settings.max_steps_per_update)
+    measured = Trajectory(tiny, settings.grpo("none"))
+    measured.advance_to(1, settings.max_steps_per_update)
+    engine = tiny.engine("fp16")
+    sync_weights(engine, measured.policy)
+    groups = fresh_groups(engine, tiny.task, measured.cfg, settings.seed + SEED_OFFSET + 1)
+    assert batch_rows(measured.policy, engine, groups, tiny.task, settings)
+    measured.advance_to(2, settings.max_steps_per_update)
+    assert measured.step == plain.step
+    a, b = plain.masters(), measured.masters()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_bad_update_count_is_one_clear_error(settings):
+    with pytest.raises(ConfigError, match=r"ablate\.gradient_updates.*-1 is less than the minimum of 0"):
+        validate({"ablate": {"gradient_updates": [0, -1]}})
+    with pytest.raises(ValueError, match=r"config ablate\.gradient_updates: needs update counts >= 0, got \[-2\]"):
+        dataclasses.replace(settings, gradient_updates=(-2,))
+    assert ablate_settings(**{**SETTINGS, "gradient_updates": [3, 0, 3]}).gradient_updates == (0, 3)
+    with pytest.raises(ValueError, match="gradient variant 'plain' is not one of"):
+        variant_config(settings, "plain", "fp16")
+
+
+@pytest.mark.slow
+def test_the_stage_writes_its_table_and_figure_and_the_report_shows_them(tmp_path, monkeypatch):
+    import pandas as pd
+
+    from ratchet.paths import RunPaths
+    from ratchet.stages import run_stage
+
+    monkeypatch.setenv("RATCHET_TRACKING", "off")
+    monkeypatch.delenv("RATCHET_PIPELINE_ID", raising=False)
+    overrides = {"results_dir": str(tmp_path / "results"), "model": {"tiny": {"init_std": 0.1}},
+                 "ablate": {"updates": [0, 1], "gradient_updates": [0, 2], "max_new_tokens": 2,
+                            "num_rollouts": 8, "engine_dtypes": ["fp16"]}}
+    cfg = validate(overrides)
+    for stage in ("download_model", "download_data", "convert_weights", "build_engine"):
+        run_stage(stage, cfg)
+    env = {**os.environ, "RATCHET_TRACKING": "off"}
+    proc = subprocess.run([sys.executable, "-m", "ratchet", "ablate_gradient", f"results_dir={tmp_path / 'results'}",
+                           "model.tiny.init_std=0.1", "ablate.updates=[0,1]", "ablate.gradient_updates=[0,2]",
+                           "ablate.max_new_tokens=2", "ablate.num_rollouts=8", "ablate.engine_dtypes=[fp16]"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    paths = RunPaths.from_config(cfg)
+    table = pd.read_parquet(paths.gradient_table)
+    assert set(table.columns) == COLUMNS and len(table) == 2 * len(GRADIENT_VARIANTS)
+    assert sorted(set(table["updates"])) == [0, 2] and paths.gradient_figure.stat().st_size > 0
+    assert sorted(p.name for p in paths.ablate.iterdir()) == ["gradient.parquet", "gradient.png"]  # no temporaries
+    run_stage("report", cfg)
+    text = paths.report_summary.read_text()
+    assert "## What the gap does to the gradient" in text and "(../ablate/gradient.png)" in text
+    record = json.loads(paths.ablate_summary.read_text())
+    assert record["gradient_updates"] == 2 and record["gradient_dtype"] == "fp16"
+    last = table[(table["updates"] == 2)].set_index("variant")
+    assert record["gradient_rel_diff_engine_old"] == last.loc["engine_old", "rel_diff"] > 0
