@@ -22,6 +22,7 @@ include: "workflow/rules/prepare.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/ablate.smk"
+include: "workflow/rules/learning.smk"
 include: "workflow/rules/report.smk"
 
 

@@ -23,11 +23,43 @@ TEMPLATE = RunPaths(Path("<results_dir>"), "<run_name>")
 
 def _stage_help(name: str) -> str:
     s = STAGES[name]
-    reads = "\n".join(f"  {p}" for p in s.reads(TEMPLATE)) or "  (nothing from earlier stages)"
-    writes = "\n".join(f"  {p}" for p in s.writes(TEMPLATE))
+    job = _template_job(name)
+    reads = "\n".join(f"  {p}" for p in s.reads(TEMPLATE, **job)) or "  (nothing from earlier stages)"
+    writes = "\n".join(f"  {p}" for p in s.writes(TEMPLATE, **job))
+    if job:
+        writes += "\nonce per job (--job " + " --job ".join(f"{k}=..." for k in job) + "; all of the " \
+                  "config's jobs without it)"
     sections = ", ".join(COMMON + s.sections)
+    target = s.writes(TEMPLATE, **job)[0] if job else name  # a rule with wildcards: a file of one job
     return (f"{name}: {s.summary}.\n\nreads:\n{reads}\nwrites:\n{writes}\nconfig it depends on: "
-            f"{sections}\n\nAs a rule of the pipeline: snakemake --cores all {name}")
+            f"{sections}\n\nAs a rule of the pipeline: snakemake --cores all {target}")
+
+
+def _template_job(name: str) -> dict[str, str]:
+    """A job stage's wildcards as placeholders (<dtype>), for its help."""
+    from ratchet.config import validate
+
+    if STAGES[name].jobs is None:
+        return {}
+    return {k: f"<{k}>" for k in STAGES[name].jobs(validate({}))[0]}
+
+
+def _jobs(stage: str, cfg: dict, given: list[str]) -> list[dict[str, str] | None]:
+    """The jobs to run: the one `--job key=value ...` names, or every job the config asks for."""
+    from ratchet.stages.registry import stage_jobs
+
+    jobs = stage_jobs(stage, cfg)
+    if not given:
+        return jobs
+    pairs = [g.split("=", 1) for g in given]
+    if any(len(p) != 2 for p in pairs):
+        raise InputError(f"{stage}: --job takes key=value, got {given}")
+    job = dict(pairs)
+    match = [j for j in jobs if j == job]
+    if not match:
+        listed = ", ".join(" ".join(f"{k}={v}" for k, v in j.items()) for j in jobs)
+        raise InputError(f"{stage}: job {' '.join(given)} is not one the config asks for ({listed})")
+    return match
 
 
 def _overview() -> str:
@@ -52,6 +84,9 @@ def _parser(name: str) -> argparse.ArgumentParser:
     if name in STAGES:
         p.add_argument("--force", action="store_true", help="replace outputs made under other settings")
         p.add_argument("--progress-fd", type=int, help=argparse.SUPPRESS)
+        if STAGES[name].jobs is not None:
+            p.add_argument("--job", action="append", default=[], metavar="key=value",
+                           help="run this one job (every value named); default: every job of the config")
     else:
         p.add_argument("--out", help="write it to this file (through a temporary name) instead")
     return p
@@ -106,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
             set_console_fd(args.progress_fd)
         if not args.config_from_env:
             _preflight(args.stage, cfg)
-        run_stage(args.stage, cfg, by_hand=not args.config_from_env, force=args.force)
+        for job in _jobs(args.stage, cfg, getattr(args, "job", [])):
+            run_stage(args.stage, cfg, by_hand=not args.config_from_env, force=args.force, job=job)
     except InputError as e:  # bad config, data, model files, a missing input, the store: one line
         print(f"ratchet: {e}", file=sys.stderr)
         return 2

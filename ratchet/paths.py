@@ -129,6 +129,36 @@ class RunPaths:
     def ablate_summary(self) -> Path:
         return self.ablate / "summary.json"
 
+    # ablate_learning: one directory per (engine dtype, remedy) run, then the aggregate
+    def learning_run_dir(self, dtype: str, remedy: str) -> Path:
+        return self.ablate / "learning" / f"{dtype}-{remedy}"
+
+    def learning_steps(self, dtype: str, remedy: str) -> Path:
+        return self.learning_run_dir(dtype, remedy) / "steps.parquet"
+
+    def learning_answers(self, dtype: str, remedy: str) -> Path:
+        return self.learning_run_dir(dtype, remedy) / "answers.parquet"
+
+    @property
+    def learning_table(self) -> Path:
+        return self.ablate / "learning.parquet"
+
+    @property
+    def learning_diffs(self) -> Path:
+        return self.ablate / "learning_diffs.parquet"
+
+    @property
+    def learning_curves(self) -> Path:
+        return self.ablate / "learning_curves.parquet"
+
+    @property
+    def learning_figure(self) -> Path:
+        return self.ablate / "learning.png"
+
+    @property
+    def learning_summary(self) -> Path:
+        return self.ablate / "learning_summary.json"
+
     @property
     def report(self) -> Path:
         return self.root / "report"

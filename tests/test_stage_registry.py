@@ -11,7 +11,8 @@ from pathlib import Path
 
 from ratchet.config import validate
 from ratchet.paths import RunPaths
-from ratchet.stages import STAGES
+from ratchet.stages import STAGES, registry
+from ratchet.stages.registry import stage_jobs
 
 ROOT = Path(__file__).resolve().parents[1]
 NOT_STAGES = {"all", "resolved_config"}  # the target, and the config dump (`ratchet config`)
@@ -20,7 +21,7 @@ NOT_STAGES = {"all", "resolved_config"}  # the target, and the config dump (`rat
 def _dry_run(workdir: Path) -> dict[str, dict[str, set[str]]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RATCHET_", "MLFLOW_"))}
     proc = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"),
-                           "--directory", str(workdir), "-n", "--cores", "1", "--", "all", "bench",
+                           "--directory", str(workdir), "-n", "--cores", "1", "--", "all", "bench", "ablate_learning",
                            "resolved_config"], capture_output=True, text=True, env={**env, "RATCHET_TRACKING": "off"},
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -36,11 +37,12 @@ def _dry_run(workdir: Path) -> dict[str, dict[str, set[str]]]:
 def test_rules_and_registry_name_the_same_paths(tmp_path):
     rules = _dry_run(tmp_path)
     assert set(rules) - NOT_STAGES == set(STAGES)
-    paths = RunPaths.from_config(validate({}))
+    cfg = validate({})
+    paths = RunPaths.from_config(cfg)
     for name, stage in STAGES.items():
-        declared = rules[name]
-        reads = {str(p) for p in stage.reads(paths)}
-        writes = {str(p) for p in stage.writes(paths)}
+        declared = rules[name]  # a rule run per job: its jobs' paths together
+        reads = {str(p) for job in stage_jobs(name, cfg) for p in registry.reads(name, paths, job)}
+        writes = {str(p) for job in stage_jobs(name, cfg) for p in registry.writes(name, paths, job)}
         assert reads <= declared["input"], (name, reads - declared["input"])
         for path in writes:  # each written path is an output, or inside a directory output
             assert any(path == out or path.startswith(out + "/") for out in declared["output"]), (name, path)

@@ -221,3 +221,39 @@ def training_figure(train: dict[str, pd.DataFrame | None], path: Path) -> Path:
         ax.grid(True, which="both", alpha=0.3)
         _legend_below(ax)
     return _save(fig, path)
+
+
+def learning_figure(steps: pd.DataFrame, curves: pd.DataFrame, path: Path) -> Path:
+    """ablate_learning, one column per engine dtype: the reward per step (running mean over a
+    tenth of the steps, at least 5) and the greedy accuracy at each eval step with its binomial
+    standard error, one line per remedy (slightly offset in x so that the bars stay apart)."""
+    dtypes = list(dict.fromkeys(curves["dtype"]))
+    if not dtypes:
+        return placeholder(path, "ablate_learning: no runs")
+    fig, axes = plt.subplots(2, len(dtypes), figsize=(6 * len(dtypes), 7.5), squeeze=False)
+    window = max(5, int(steps["step"].max() + 1) // 10) if len(steps) else 5
+    for col, dtype in enumerate(dtypes):
+        ax1, ax2 = axes[0, col], axes[1, col]
+        remedies = list(dict.fromkeys(curves.loc[curves["dtype"] == dtype, "remedy"]))
+        span = max(1.0, float(curves["step"].max()))
+        for k, remedy in enumerate(remedies):
+            colour = RUN_STYLE.get(remedy)
+            width = 3.0 if remedy == "none" else 1.5
+            part = steps[(steps["dtype"] == dtype) & (steps["remedy"] == remedy)].sort_values("step")
+            ax1.plot(part["step"], part["reward"].rolling(window, min_periods=1).mean(), color=colour,
+                     lw=width, label=remedy)
+            acc = curves[(curves["dtype"] == dtype) & (curves["remedy"] == remedy)].sort_values("step")
+            shift = (k - (len(remedies) - 1) / 2) * 0.006 * span
+            ax2.errorbar(acc["step"] + shift, acc["accuracy"], yerr=acc["accuracy_stderr"], color=colour,
+                         marker="o", ms=4, capsize=3, lw=width, label=remedy)
+        ax1.set_title(f"{dtype}: reward (running mean of {window} steps)")
+        ax1.set_ylabel("mean reward")
+        n = int(curves.loc[curves["dtype"] == dtype, "n"].max())
+        ax2.set_title(f"{dtype}: greedy accuracy, {n} test problems (± 1 s.e.)")
+        ax2.set_ylabel("accuracy")
+        for ax in (ax1, ax2):
+            _steps_axis(ax)
+            ax.grid(True, alpha=0.3)
+            _legend_below(ax, 5)
+    fig.subplots_adjust(hspace=0.45)
+    return _save(fig, path)

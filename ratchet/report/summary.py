@@ -41,6 +41,8 @@ class ReportInputs:
     fix_steps: pd.DataFrame | None = None
     fix_runs: pd.DataFrame | None = None
     gradient: pd.DataFrame | None = None
+    learning_runs: pd.DataFrame | None = None  # ablate_learning (not part of `all`)
+    learning_diffs: pd.DataFrame | None = None
     ablate_summary: dict | None = None
     ablate_settings: dict | None = None
     figures: dict[str, str | None] = field(default_factory=dict)  # name -> path from summary.md
@@ -161,6 +163,18 @@ def build_summary(inputs: ReportInputs) -> str:
     else:
         out += ["_gradient: not run._", ""]
     out += [_figure(inputs, "gradient", "the gradient's error against updates"), ""]
+    # ---------------------------------------------------------------- learning
+    if inputs.learning_runs is not None:  # `snakemake ablate_learning`: left out unless run
+        out += ["## Learning with each remedy", "",
+                "GRPO from the same seeds per engine dtype and remedy; greedy accuracy on the same "
+                "test problems at step 0 and after training. The gain and the differences are paired "
+                "problem by problem (± the standard error of the per-problem difference). "
+                "`established`: not 0 after Holm's correction over the table's rows at 5% (the "
+                "interval shown is the uncorrected 95% one).", "",
+                T.markdown(T.learning_table(inputs.learning_runs)), "",
+                T.markdown(T.learning_diff_table(inputs.learning_diffs)) if inputs.learning_diffs is not None
+                else "_learning differences: not run._", "",
+                _figure(inputs, "learning", "reward and accuracy per remedy"), ""]
 
     # ---------------------------------------------------------------- records
     out += ["## Records", ""]

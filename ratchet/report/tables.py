@@ -224,3 +224,32 @@ def gradient_table(frame: pd.DataFrame | None) -> pd.DataFrame | None:
     out.columns = ["dtype", "updates", "variant", "1 - cosine", "rel diff", "|g|", "max |ratio - 1|",
                    "mean weight", "tokens", "mean |dlogp|"]
     return out
+# ---------------------------------------------------------------------------- ablate_learning
+def _points(value, stderr) -> str:
+    return f"{100 * value:+.2f} ± {100 * stderr:.2f}"
+
+
+def learning_table(runs: pd.DataFrame | None) -> pd.DataFrame | None:
+    """ablate_learning per run: accuracy before and after, the paired gain (points)."""
+    if runs is None:
+        return None
+    return pd.DataFrame([{
+        "engine": r.dtype, "remedy": r.remedy, "steps": r.steps, "n": r.n,
+        "accuracy at step 0": f"{100 * r.baseline_accuracy:.2f}%",
+        "accuracy after": f"{100 * r.accuracy:.2f}% ± {100 * r.accuracy_stderr:.2f}",
+        "gain (paired, points)": f"{_points(r.gain, r.gain_stderr)} (+{r.improved} / -{r.worsened})",
+        "gain established": bool(r.gain_established),
+        "reward, first 10th": r.reward_first_tenth, "reward, last 10th": r.reward_last_tenth,
+    } for r in runs.itertuples()])
+
+
+def learning_diff_table(diffs: pd.DataFrame | None) -> pd.DataFrame | None:
+    """ablate_learning's paired differences between remedies after training (points)."""
+    if diffs is None:
+        return None
+    return pd.DataFrame([{
+        "engine": d.dtype, "b - a": f"{d.b} - {d.a}", "diff (points)": _points(d.diff, d.stderr),
+        "z": d.z, "95% CI (points)": f"[{100 * d.ci_low:+.2f}, {100 * d.ci_high:+.2f}]",
+        "problems b better / worse": f"{d.better} / {d.worse}", "p (Holm)": d.p_holm,
+        "established": bool(d.established),
+    } for d in diffs.itertuples()])

@@ -18,27 +18,29 @@ from ratchet.stages.guard import (
     run_directory_lock,
     write_stamp,
 )
-from ratchet.stages.registry import COMMON, STAGES, Stage, settings  # noqa: F401 (the package's API)
+from ratchet.stages.registry import COMMON, STAGES, Stage, job_label, settings  # noqa: F401 (the package's API)
 from ratchet.tracking import PIPELINE_ENV, StageRun
 
 CONFIG_ENV = "RATCHET_CONFIG_JSON"
 
 
-def run_stage(stage: str, cfg: dict, by_hand: bool = False, force: bool = False) -> None:
-    """Run one stage under its MLflow run. `by_hand`: not started by the pipeline, so its
-    inputs are checked, outputs made under other settings are kept unless `force`, and it
-    holds the run directory alone."""
+def run_stage(stage: str, cfg: dict, by_hand: bool = False, force: bool = False,
+              job: dict[str, str] | None = None) -> None:
+    """Run one stage (one `job` of a stage run per job) under its MLflow run. `by_hand`: not
+    started by the pipeline, so its inputs are checked, outputs made under other settings are
+    kept unless `force`, and it holds the run directory alone."""
     if by_hand:
-        check_inputs(stage, cfg)
+        check_inputs(stage, cfg, job)
         if not force:
-            check_overwrite(stage, cfg)
+            check_overwrite(stage, cfg, job)
     module = importlib.import_module(STAGES[stage].module)
+    label = job_label(stage, job)
     start = time.perf_counter()
-    with run_directory_lock(cfg, exclusive=by_hand), StageRun(stage, cfg) as run:
-        getattr(module, stage)(cfg, run)
+    with run_directory_lock(cfg, exclusive=by_hand), StageRun(label, cfg) as run:
+        getattr(module, stage)(cfg, run, **(job or {}))
         run.log_metrics({"time/stage_s": time.perf_counter() - start})
-        write_stamp(stage, cfg)
-    print(f"[{stage}] done in {time.perf_counter() - start:.1f} s")
+        write_stamp(stage, cfg, job)
+    print(f"[{label}] done in {time.perf_counter() - start:.1f} s")
 
 
 def pipeline_id_file(cfg: dict) -> Path:

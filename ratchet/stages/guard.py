@@ -13,7 +13,7 @@ from pathlib import Path
 from ratchet.atomic import write_json
 from ratchet.errors import InputError, MissingInputError
 from ratchet.paths import RunPaths
-from ratchet.stages.registry import STAGES, producer, settings
+from ratchet.stages.registry import job_label, producer, reads, settings, writes
 from ratchet.tracking import flatten
 
 
@@ -21,25 +21,25 @@ def stamp_path(paths: RunPaths, stage: str) -> Path:
     return paths.root / ".stamps" / f"{stage}.json"
 
 
-def write_stamp(stage: str, cfg: dict) -> None:
-    """After a stage succeeds: the settings its outputs were made under."""
-    write_json(stamp_path(RunPaths.from_config(cfg), stage), {"settings": settings(stage, cfg)})
+def write_stamp(stage: str, cfg: dict, job: dict | None = None) -> None:
+    """After a stage (or one job of it) succeeds: the settings its outputs were made under."""
+    write_json(stamp_path(RunPaths.from_config(cfg), job_label(stage, job)), {"settings": settings(stage, cfg)})
 
 
-def check_inputs(stage: str, cfg: dict) -> None:
+def check_inputs(stage: str, cfg: dict, job: dict | None = None) -> None:
     paths = RunPaths.from_config(cfg)
-    missing = [p for p in STAGES[stage].reads(paths) if not p.exists()]
+    missing = [p for p in reads(stage, paths, job) if not p.exists()]
     if missing:
-        rule = producer(missing[0], paths)
+        rule = producer(missing[0], paths, cfg)
         how = f"run `snakemake {rule}` (or `ratchet {rule}`) first" if rule else "it is made outside the pipeline"
         raise MissingInputError(f"{stage}: input {missing[0]} does not exist; {how}")
 
 
-def check_overwrite(stage: str, cfg: dict) -> None:
+def check_overwrite(stage: str, cfg: dict, job: dict | None = None) -> None:
     """Refuse to replace outputs that were made under other settings; name the keys that differ."""
     paths = RunPaths.from_config(cfg)
-    existing = [p for p in STAGES[stage].writes(paths) if p.exists()]
-    stamp = stamp_path(paths, stage)
+    existing = [p for p in writes(stage, paths, job) if p.exists()]
+    stamp = stamp_path(paths, job_label(stage, job))
     if not existing or not stamp.is_file():
         return
     before, now = flatten(json.loads(stamp.read_text())["settings"]), flatten(settings(stage, cfg))

@@ -22,6 +22,9 @@ class Stage:
     summary: str
     reads: Callable[[RunPaths], list[Path]] = lambda p: []
     writes: Callable[[RunPaths], list[Path]] = lambda p: []
+    # a stage run once per job (a rule with wildcards): the jobs a config asks for, each
+    # {wildcard: value}; its function, reads and writes then take a job's values as keywords
+    jobs: Callable[[dict], list[dict[str, str]]] | None = None
 
 
 def _trained(mode: str) -> Callable[[RunPaths], list[Path]]:
@@ -30,6 +33,12 @@ def _trained(mode: str) -> Callable[[RunPaths], list[Path]]:
 
 def _prepared(p: RunPaths) -> list[Path]:
     return [p.build, p.train_data, p.test_data]
+
+
+def _learning_jobs(cfg: dict) -> list[dict[str, str]]:
+    from ratchet.mismatch.learning import LearningSettings
+
+    return LearningSettings.from_config(cfg).jobs()
 
 
 STAGES: dict[str, Stage] = {
@@ -64,6 +73,18 @@ STAGES: dict[str, Stage] = {
                              "the policy gradient of a fresh batch under each remedy against the "
                              "on-policy one, along one GRPO run per engine dtype",
                              reads=_prepared, writes=lambda p: [p.gradient_table, p.gradient_figure]),
+    "ablate_learning_run": Stage("ratchet.stages.learning", ("data", "engine", "eval", "ablate", "train"),
+                                 "one GRPO run of ablate_learning (an engine dtype and a remedy), "
+                                 "scored on the test problems as it learns",
+                                 reads=lambda p, dtype, remedy: _prepared(p),
+                                 writes=lambda p, dtype, remedy: [p.learning_steps(dtype, remedy),
+                                                                  p.learning_answers(dtype, remedy)],
+                                 jobs=_learning_jobs),
+    "ablate_learning": Stage("ratchet.stages.learning", ("ablate",),
+                             "ablate_learning's runs side by side: paired gains and differences "
+                             "with standard errors, which are established (not part of `all`)",
+                             writes=lambda p: [p.learning_table, p.learning_diffs, p.learning_curves,
+                                               p.learning_figure, p.learning_summary]),
     **{f"train_{m}": Stage("ratchet.stages.train", ("data", "engine", "eval", "train"),
                            f"GRPO training, {m} mode (resumes from its newest checkpoint)",
                            reads=_prepared, writes=_trained(m)) for m in MODES},
@@ -94,6 +115,30 @@ def settings(stage: str, cfg: dict) -> dict:
     return {k: cfg[k] for k in COMMON + STAGES[stage].sections}
 
 
-def producer(path: Path, paths: RunPaths) -> str | None:
-    """The stage that writes `path`, if any."""
-    return next((name for name, s in STAGES.items() if Path(path) in s.writes(paths)), None)
+def job_label(stage: str, job: dict[str, str] | None = None) -> str:
+    """A stage's name in stamps, logs and MLflow, with a job's values: ablate_learning_run-bf16-tis."""
+    return "-".join([stage, *(job or {}).values()])
+
+
+def stage_jobs(stage: str, cfg: dict) -> list[dict[str, str] | None]:
+    """The jobs of `stage` under `cfg`: [None] for a stage run once."""
+    s = STAGES[stage]
+    return [None] if s.jobs is None else s.jobs(cfg)
+
+
+def reads(stage: str, paths: RunPaths, job: dict[str, str] | None = None) -> list[Path]:
+    return STAGES[stage].reads(paths, **(job or {}))
+
+
+def writes(stage: str, paths: RunPaths, job: dict[str, str] | None = None) -> list[Path]:
+    return STAGES[stage].writes(paths, **(job or {}))
+
+
+def producer(path: Path, paths: RunPaths, cfg: dict | None = None) -> str | None:
+    """The stage that writes `path`, if any; stages run per job are only searched when `cfg`
+    says which jobs there are."""
+    for name, s in STAGES.items():
+        for job in ([None] if s.jobs is None else s.jobs(cfg) if cfg is not None else []):
+            if Path(path) in writes(name, paths, job):
+                return name
+    return None

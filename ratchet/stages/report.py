@@ -48,7 +48,8 @@ def gather(cfg: dict):
     engine = f"{build['backend']}, {build['dtype']}" if build else cfg["engine"]["dtype"]
     figures = {name: rel(p) if p.is_file() else None for name, p in
                [("decompose", paths.decompose_figure), ("visibility", paths.visibility_figure),
-                ("fix", paths.fix_figure), ("gradient", paths.gradient_figure)]}
+                ("fix", paths.fix_figure), ("gradient", paths.gradient_figure),
+                ("learning", paths.learning_figure)]}
     return ReportInputs(
         run_name=cfg["run_name"], engine=engine,
         baseline=_json(paths.eval_json("baseline")),
@@ -59,6 +60,7 @@ def gather(cfg: dict):
         decompose=_parquet(paths.decompose_table), visibility=_parquet(paths.visibility_table),
         fix_steps=_parquet(paths.fix_steps), fix_runs=_parquet(paths.fix_table),
         gradient=_parquet(paths.gradient_table),
+        learning_runs=_parquet(paths.learning_table), learning_diffs=_parquet(paths.learning_diffs),
         ablate_summary=_json(paths.ablate_summary), ablate_settings=dict(cfg["ablate"]),
         figures=figures)
 
@@ -73,6 +75,7 @@ def write_ablation_records(cfg: dict, inputs, run) -> dict:
                      inputs.fix_runs, inputs.gradient)
     build = _json(paths.build)
     record.update({"run_name": cfg["run_name"], "backend": build["backend"] if build else None})
+    record.update(_json(paths.learning_summary) or {})  # ablate_learning's, where it ran
     write_json(paths.ablate_summary, record)
     print("[report] ablation records: " + json.dumps(record), flush=True)
     run.log_metrics({f"ablate/{k}": v for k, v in record.items()
@@ -119,7 +122,7 @@ def report(cfg: dict, run) -> None:
     run.log_output(paths.report_summary)
     run.log_output(paths.report_summary_html)
     run.log_output(paths.report_training_figure)
-    for name in ("decompose", "visibility", "fix", "gradient"):
+    for name in ("decompose", "visibility", "fix", "gradient", "learning"):
         figure = getattr(paths, f"{name}_figure")
         if figure.is_file():
             run.log_output(figure)

@@ -60,10 +60,11 @@ else:
     PYTHON = shlex_quote(sys.executable)
 
 
-def ratchet_cmd(stage):
-    """The shell command of a rule: the stage, its output to the rule's log, its progress lines
-    to the console Snakemake runs in (fd 3, a copy of the job's stderr)."""
-    return f"{PYTHON} -m ratchet {stage} --config-from-env --progress-fd 3 3>&2 > {{log:q}} 2>&1"
+def ratchet_cmd(stage, args=""):
+    """The shell command of a rule: the stage (and `args`, e.g. a job's quoted wildcards), its
+    output to the rule's log, its progress lines to the console Snakemake runs in (fd 3, a copy
+    of the job's stderr)."""
+    return f"{PYTHON} -m ratchet {stage} --config-from-env{args} --progress-fd 3 3>&2 > {{log:q}} 2>&1"
 
 
 def where_to_look():
