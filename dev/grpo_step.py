@@ -3,7 +3,7 @@ answers, 384 new tokens, lr 1e-6) for a few steps in each variant (mode x traine
 x fix), each variant in a process of its own so that its peak GPU memory is its own.
 Medians over the steps after the first two (warm-up: graph capture, allocator growth).
 
-    python -m ratchet.bench.grpo_step --config config/local.yaml --steps 12 \\
+    python -m dev.grpo_step --config config/local.yaml --steps 12 \\
         --variants colocated:fp32,split:bf16,colocated:fp32:exact --out grpo-step.json
 
 A variant is MODE:COMPUTE[:FIX], FIX one of none (default), fix (rounded weights), exact."""
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     results = []
     for i, variant in enumerate(variants):
         part = Path(args.out).with_suffix(f".{i}.json")
-        cmd = [sys.executable, "-m", "ratchet.bench.grpo_step", "--config", args.config, "--steps",
+        cmd = [sys.executable, "-m", "dev.grpo_step", "--config", args.config, "--steps",
                str(args.steps), "--one", variant["name"], "--out", str(part)]
         for o in args.overrides:
             cmd += ["--set", o]
