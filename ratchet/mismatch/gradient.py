@@ -70,7 +70,7 @@ def batch_gradient(policy, groups: list, task, cfg: GRPOConfig, engine=None):
     params = list(policy.parameters())
     exp = make_experience(groups, task, cfg, version=0, device=params[0].device)
     if cfg.exact_forward:
-        exp.set_exact(engine.score(exp.prompts, exp.responses, cfg.temperature, cfg.micro_batch_size))
+        exp.set_exact(engine.score(exp.prompts, exp.responses, cfg.temperature))
     saved = [p.grad for p in params]
     for p in params:
         p.grad = None

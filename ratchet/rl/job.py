@@ -61,9 +61,14 @@ class Job:
                          self.grpo.eval_problems if self.grpo.eval_every else 0)
 
     def make_engine(self, model, batch_invariant: bool = False, device: int | None = None):
+        """A batch-invariant engine runs every step at its largest batch: no larger than the
+        step's answers (the exact forward's, whose scoring takes them all at once)."""
         from ratchet.engine.engine import Engine
 
-        return Engine(model, backend=self.backend, max_batch_size=self.max_batch_size,
+        size = self.max_batch_size
+        if batch_invariant:
+            size = min(size, self.grpo.groups_per_worker * self.grpo.group_size)
+        return Engine(model, backend=self.backend, max_batch_size=size,
                       max_seq_len=self.max_seq_len, batch_invariant=batch_invariant, device=device)
 
 

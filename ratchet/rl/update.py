@@ -21,8 +21,10 @@ def grpo_step(policy, optimizer, groups: list[Group], task, cfg: GRPOConfig, ver
     an idle engine holding the trainer's current weights, rounded, that scores the answers."""
     comm = comm or Comm()
     exp = make_experience(groups, task, cfg, version, next(policy.parameters()).device)
-    if cfg.exact_forward:  # only the kept answers: the others are never read
-        exp.set_exact(engine.score(exp.prompts, exp.responses, cfg.temperature, cfg.micro_batch_size))
+    if cfg.exact_forward:  # only the kept answers: the others are never read; all at once (a
+        # batch-invariant engine gives the same bits in any grouping, and one decode step per
+        # answer token costs the same for 8 answers as for 64)
+        exp.set_exact(engine.score(exp.prompts, exp.responses, cfg.temperature))
     if cfg.num_minibatches > 1:  # the weights move between mini-batches: score all first
         score(policy, exp, cfg)
         exp.old, exp.weights = old_logprobs_and_weights(exp.mask, exp.stale, exp.trainer, exp.engine, cfg)
