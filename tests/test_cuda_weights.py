@@ -71,7 +71,7 @@ def test_inplace_sync_bit_equal_to_reload(dtype):
         np.testing.assert_array_equal(host(synced.prefill(0, prompt)), host(reloaded.prefill(0, prompt)))
 
 
-@pytest.mark.parametrize("kernel", ["search", "default", "table-4096-4-0-1", "table-1024-8-0-1"])
+@pytest.mark.parametrize("kernel", ["search", "default", "table-8192-4-1-0", "table-4096-4-0-1", "table-1024-8-0-1"])
 def test_copy_many_odd_sizes_misaligned_sources(kernel):
     """One launch over tensors of odd sizes (chunk edges, tails), torch tensors (pointer path)
     and CuPy views starting off a 16-byte boundary (DLPack path): bits equal round_to's, with

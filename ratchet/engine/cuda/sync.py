@@ -41,7 +41,8 @@ class SyncKernel:
 
 
 SEARCH = SyncKernel("search", 8192, 4)
-DEFAULT_KERNEL = SyncKernel()
+# the fastest of the sync bench's nine on one H200 (docs/KERNELS.md, sync run 2)
+DEFAULT_KERNEL = SyncKernel("table", 8192, 4, stream=False, per_chunk=True)
 
 _kernels: dict = {}
 _sms: dict = {}
