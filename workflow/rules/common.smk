@@ -60,6 +60,14 @@ else:
     PYTHON = shlex_quote(sys.executable)
 
 
+def learning_run_settings():
+    """The run's settings, less the lists of runs: adding a remedy reruns none of the others."""
+    s = settings("ablate_learning_run", config)
+    s["ablate"] = {**s["ablate"], "learning": {k: v for k, v in s["ablate"]["learning"].items()
+                                               if k not in ("engine_dtypes", "runs")}}
+    return json.dumps(s, sort_keys=True)
+
+
 def ratchet_cmd(stage, args=""):
     """The shell command of a rule: the stage (and `args`, e.g. a job's quoted wildcards), its
     output to the rule's log, its progress lines to the console Snakemake runs in (fd 3, a copy

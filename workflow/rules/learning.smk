@@ -7,14 +7,6 @@ from ratchet.mismatch.learning import ENGINE_DTYPES, LearningSettings
 LEARNING_JOBS = LearningSettings.from_config(config).jobs()
 
 
-def learning_run_settings():
-    """The run's settings, less the lists of runs: adding a remedy reruns none of the others."""
-    s = settings("ablate_learning_run", config)
-    s["ablate"] = {**s["ablate"], "learning": {k: v for k, v in s["ablate"]["learning"].items()
-                                               if k not in ("engine_dtypes", "runs")}}
-    return json.dumps(s, sort_keys=True)
-
-
 rule ablate_learning_run:
     input:
         build=rules.build_engine.output.build,
