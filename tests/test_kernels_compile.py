@@ -22,7 +22,7 @@ from ratchet.engine.cuda import loader
 ROOT = Path(__file__).resolve().parents[1]
 KERNELS = sorted(p.stem for p in loader.KERNEL_DIR.glob("*.cu"))
 # attention shapes (head_dim, group) to instantiate: Qwen2.5-0.5B, Llama-3-8B-like, two tiny ones
-ATTN_SHAPES = ((64, 7), (128, 4), (32, 2), (16, 2))
+ATTN_SHAPES = ((64, 7), (128, 4), (128, 6), (128, 7), (32, 2), (16, 2))  # 0.5B, ..., Coder-1.5B, 7B
 
 
 def test_every_operation_has_its_file():

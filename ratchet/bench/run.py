@@ -1,4 +1,4 @@
-"""The one-GPU benchmark on Qwen2.5-0.5B shapes with random weights, section by section (one
+"""The one-GPU benchmark on Qwen2.5-0.5B shapes (or --shape: Coder-1.5B's, 7B's) with random weights, section by section (one
 broken section does not hide the others): decode (B = 64: overlapped as the engine runs it,
 plain, graph replay), profile and profile_big (kernels of a B = 64 / 512 step), throughput
 (B = 512), engine, hf (transformers beside it), sync, sampler, telemetry (sync/weights_parity's cost).
@@ -24,7 +24,7 @@ from ratchet.bench.hf import bench_hf
 from ratchet.bench.sampler import bench_sampler
 from ratchet.bench.sync import bench_sync
 from ratchet.bench.telemetry import bench_telemetry
-from ratchet.bench.workload import qwen05_config, random_torch_weights
+from ratchet.bench.workload import SHAPES, random_torch_weights
 from ratchet.engine.cuda import launch
 from ratchet.engine.factory import make_backend
 
@@ -32,11 +32,13 @@ SECTIONS = ("decode", "profile", "throughput", "profile_big", "engine", "hf", "s
 
 
 def bench(batch: int = 64, big_batch: int = 512, prompt_len: int = 128, new_tokens: int = 256,
-          hf_new_tokens: int = 32, dtype: str = "fp16", sections=SECTIONS, seed: int = 0) -> dict:
-    """Each section's figures (or its error); see the module docstring."""
+          hf_new_tokens: int = 32, dtype: str = "fp16", sections=SECTIONS, seed: int = 0,
+          shape: str = "qwen2.5-0.5b") -> dict:
+    """Each section's figures (or its error); see the module docstring. The hf section runs
+    transformers at the 0.5B shapes whatever `shape` is."""
     results: dict = {"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "dtype": dtype,
-                     "programmatic_dependent_launch": launch.enabled()}
-    cfg = qwen05_config()
+                     "shape": shape, "programmatic_dependent_launch": launch.enabled()}
+    cfg = SHAPES[shape]()
     backend = weights = None
     if {"decode", "profile", "throughput", "profile_big", "engine", "sync", "telemetry"} & set(sections):
         t = time.perf_counter()
@@ -82,8 +84,10 @@ def main() -> None:
     ap.add_argument("--sections", default=",".join(SECTIONS))
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--big-batch", type=int, default=512)
+    ap.add_argument("--shape", choices=tuple(SHAPES), default="qwen2.5-0.5b")
     args = ap.parse_args()
-    res = bench(batch=args.batch, big_batch=args.big_batch, dtype=args.dtype, sections=args.sections.split(","))
+    res = bench(batch=args.batch, big_batch=args.big_batch, dtype=args.dtype, sections=args.sections.split(","),
+                shape=args.shape)
     res["headline"] = headline(res)
     text = json.dumps(res, indent=2, default=float)
     if args.out:

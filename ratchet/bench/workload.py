@@ -15,6 +15,23 @@ def qwen05_config() -> ModelConfig:
                        tie_word_embeddings=True, qkv_bias=True, eos_token_ids=[])
 
 
+def coder15_config() -> ModelConfig:
+    """Qwen2.5-Coder-1.5B-Instruct's shapes: head_dim 128, 6 query heads per kv head, untied."""
+    return ModelConfig(arch="qwen2", vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_layers=28,
+                       num_heads=12, num_kv_heads=2, head_dim=128, rope_theta=1e6, rms_norm_eps=1e-6,
+                       tie_word_embeddings=False, qkv_bias=True, eos_token_ids=[])
+
+
+def qwen7b_config() -> ModelConfig:
+    """Qwen2.5-7B's shapes: 7 query heads per kv head at head_dim 128, 15 GB of fp16 weights."""
+    return ModelConfig(arch="qwen2", vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_layers=28,
+                       num_heads=28, num_kv_heads=4, head_dim=128, rope_theta=1e6, rms_norm_eps=1e-6,
+                       tie_word_embeddings=False, qkv_bias=True, eos_token_ids=[])
+
+
+SHAPES = {"qwen2.5-0.5b": qwen05_config, "qwen2.5-coder-1.5b": coder15_config, "qwen2.5-7b": qwen7b_config}
+
+
 def random_torch_weights(cfg: ModelConfig, seed: int = 0) -> dict:
     """fp32 torch CUDA tensors under the engine names, seeded on the GPU."""
     import torch
