@@ -16,7 +16,7 @@ NUM_PROMPTS = 8
 
 
 def build_engine(cfg: dict, run) -> None:
-    from ratchet.engine.engine import Engine
+    from ratchet.engines import make_engine
     from ratchet.mismatch.compare import compare, random_prompts, sample
     from ratchet.model.io import load_engine_model
     from ratchet.trainer.policy import Policy
@@ -38,8 +38,8 @@ def build_engine(cfg: dict, run) -> None:
                              "source_sha256": loader.source_hashes(), "selftest": kernels}
         print(selftest.format_results(kernels))
 
-    engine = Engine(model, backend=backend, max_batch_size=e["max_batch_size"],
-                    max_seq_len=e["max_seq_len"])
+    engine = make_engine(model, backend=backend, max_batch_size=e["max_batch_size"],
+                         max_seq_len=e["max_seq_len"], vllm_options=e["vllm"])
     prompts = random_prompts(cfg_m.vocab_size, NUM_PROMPTS, 16, seed=cfg["seed"],
                              avoid=tuple(cfg_m.eos_token_ids))
     t0 = time.perf_counter()
