@@ -46,7 +46,7 @@ def build_engine(cfg: dict, run) -> None:
     reqs = sample(engine, prompts, max_new_tokens=max(1, e["selftest_tokens"] // NUM_PROMPTS),
                   seed=cfg["seed"])
     sample_s = time.perf_counter() - t0
-    policy = Policy.from_weights(cfg_m, model.weights, device="cuda" if backend == "cuda" else "cpu")
+    policy = Policy.from_weights(cfg_m, model.weights, device="cuda" if backend in ("cuda", "vllm") else "cpu")
     same_weights = compare(policy, reqs, prefix="selftest/")
     checks = {"fp32_arithmetic": same_weights}
     if e["dtype"] != "fp32":
