@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ratchet.device import check_vllm
 from ratchet.errors import InputError
 
 # Above this many parameters the NumPy engine is a reference, not a way to run a study: the
@@ -48,7 +49,10 @@ def _safetensors_parameters(model_dir: Path) -> int | None:
 
 
 def check_device(cfg: dict, backend: str) -> None:
-    """Refuse a large model on the NumPy engine unless the profile asks for NumPy by name."""
+    """Refuse a large model on the NumPy engine unless the profile asks for NumPy by name, and
+    vLLM where it cannot be imported or has no GPU."""
+    if backend == "vllm":
+        check_vllm()
     if backend != "numpy" or cfg["engine"]["backend"] == "numpy":
         return
     n = estimated_parameters(cfg["model"])

@@ -104,17 +104,19 @@ class Setup:
     # batch-invariant engines (one CUDA decode bucket, prompts prefilled by decode steps), so
     # that teacher forcing (the exact fix) reproduces a rollout's bits in any grouping
     batch_invariant: bool = True
+    vllm_options: dict | None = None  # the `engine.vllm` section (backend vllm)
 
     def engine(self, dtype: str, weights=None):
         """A fresh engine of `dtype` on `weights` (the converted ones by default), rounded."""
-        from ratchet.engine.engine import Engine
+        from ratchet.engines import make_engine
         from ratchet.model.dtypes import round_to
         from ratchet.model.io import EngineModel
 
         weights = self.model.weights if weights is None else weights
         model = EngineModel(self.model.cfg, {k: round_to(v, dtype) for k, v in weights.items()}, dtype)
-        return Engine(model, backend=self.backend, max_batch_size=self.max_batch_size,
-                      max_seq_len=self.max_seq_len, batch_invariant=self.batch_invariant)
+        return make_engine(model, backend=self.backend, max_batch_size=self.max_batch_size,
+                           max_seq_len=self.max_seq_len, batch_invariant=self.batch_invariant,
+                           vllm_options=self.vllm_options)
 
 
 class Trajectory:

@@ -55,24 +55,31 @@ def hf_config(cfg: ModelConfig, dtype: str) -> dict:
     return out
 
 
+def hf_parts(cfg: ModelConfig, name: str, rows: int) -> list[tuple[str, int, int]]:
+    """(Hugging Face name, first row, end row) of each part of the engine tensor `name` of
+    `rows` rows: one part for an unfused tensor, q/k/v or gate/up for a fused one."""
+    parts_shape = unfused_shapes(cfg)
+    layer = LAYER_INDEX.findall(name)[:1]
+    template = LAYER_INDEX.sub("{}", name, count=1)
+    parts = [p.format(*layer) for p in FUSIONS.get(template, (template,))]
+    offsets = np.cumsum([0] + [parts_shape[p][0] if p in parts_shape else rows for p in parts])
+    return [(ENGINE_TO_HF[LAYER_INDEX.sub("{}", part, count=1)].format(*layer), int(begin), int(end))
+            for part, begin, end in zip(parts, offsets[:-1], offsets[1:])]
+
+
 def hf_tensors(cfg: ModelConfig, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Engine tensors under their Hugging Face names, fused ones cut back into their parts."""
-    parts_shape = unfused_shapes(cfg)
     out: dict[str, np.ndarray] = {}
     for name, tensor in weights.items():
-        layer = LAYER_INDEX.findall(name)[:1]
-        template = LAYER_INDEX.sub("{}", name, count=1)
-        parts = [p.format(*layer) for p in FUSIONS.get(template, (template,))]
-        offsets = np.cumsum([0] + [parts_shape.get(p, tensor.shape)[0] for p in parts])
-        for part, begin, end in zip(parts, offsets[:-1], offsets[1:]):
-            hf_template = ENGINE_TO_HF[LAYER_INDEX.sub("{}", part, count=1)]
-            out[hf_template.format(*layer)] = np.ascontiguousarray(tensor[begin:end])
+        for hf_name, begin, end in hf_parts(cfg, name, tensor.shape[0]):
+            out[hf_name] = np.ascontiguousarray(tensor[begin:end])
     return out
 
 
-def export_hf(model: EngineModel, out_dir: str | Path, dtype: str, tokenizer_dir: str | Path) -> dict:
+def export_hf(model: EngineModel, out_dir: str | Path, dtype: str, tokenizer_dir: str | Path | None) -> dict:
     """Write `out_dir` (config.json, generation_config.json, model.safetensors in `dtype`,
-    tokenizer files) through a temporary directory; returns what the export record holds."""
+    tokenizer files unless `tokenizer_dir` is None: vLLM fed token ids needs none) through a
+    temporary directory; returns what the export record holds."""
     out_dir = Path(out_dir)
     tensors = hf_tensors(model.cfg, model.weights)
     lossless = all(np.array_equal(round_to(w, dtype), w) for w in tensors.values())
@@ -86,7 +93,8 @@ def export_hf(model: EngineModel, out_dir: str | Path, dtype: str, tokenizer_dir
                       "eos_token_id": model.cfg.eos_token_ids or None,
                       "pad_token_id": model.cfg.pad_token_id}
         (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
-        copy_tokenizer_files(tokenizer_dir, tmp)
+        if tokenizer_dir is not None:
+            copy_tokenizer_files(tokenizer_dir, tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

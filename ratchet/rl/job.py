@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -43,6 +43,7 @@ class Job:
     resume: bool = True
     checkpoints: bool = True
     save_model: bool = True
+    vllm_options: dict = field(default_factory=dict)  # the `engine.vllm` section (backend vllm)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -63,13 +64,13 @@ class Job:
     def make_engine(self, model, batch_invariant: bool = False, device: int | None = None):
         """A batch-invariant engine runs every step at its largest batch: no larger than the
         step's answers (the exact forward's, whose scoring takes them all at once)."""
-        from ratchet.engine.engine import Engine
+        from ratchet.engines import make_engine
 
         size = self.max_batch_size
         if batch_invariant:
             size = min(size, self.grpo.groups_per_worker * self.grpo.group_size)
-        return Engine(model, backend=self.backend, max_batch_size=size,
-                      max_seq_len=self.max_seq_len, batch_invariant=batch_invariant, device=device)
+        return make_engine(model, backend=self.backend, max_batch_size=size, max_seq_len=self.max_seq_len,
+                           batch_invariant=batch_invariant, device=device, vllm_options=self.vllm_options)
 
 
 class TrainerEngine:

@@ -103,7 +103,13 @@ def after_sync(telemetry: SyncTelemetry, policy, engine, log_prefix: str) -> dic
     """The colocated loop's and the ablations' telemetry of a sync that just happened."""
     shares, expected = telemetry.measure(policy)
     start = time.perf_counter()
-    ok, first = parity(expected, engine.weight_checksums())
+    try:
+        held = engine.weight_checksums()
+    except NotImplementedError as e:  # an engine that cannot read its own weights (vLLM may not)
+        print(f"{log_prefix} sync/weights_parity nan: {e}", flush=True)
+        return {**shares, "sync/weights_parity": float("nan"),
+                "time/telemetry_s": shares["time/telemetry_s"] + time.perf_counter() - start}
+    ok, first = parity(expected, held)
     if first is not None:
         print(f"{log_prefix} sync/weights_parity 0: the engine's {first} is not the trainer's "
               "masters rounded (a stale or partial weight sync)", flush=True)

@@ -59,7 +59,7 @@ def make_setup(cfg: dict, with_eval: bool = False):
     max_batch = min(e["max_batch_size"], batch) if settings.batch_invariant else e["max_batch_size"]
     setup = Setup(model, task, measure, backend=backend, max_batch_size=max_batch,
                   max_seq_len=e["max_seq_len"], device=device, prompt_fn=prompt_fn,
-                  batch_invariant=settings.batch_invariant)
+                  batch_invariant=settings.batch_invariant, vllm_options=e["vllm"])
     if with_eval:
         n_eval = settings.eval_problems or cfg["eval"]["num_problems"]
         setup.eval_problems = test.head(n_eval) if n_eval else test

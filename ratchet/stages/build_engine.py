@@ -16,7 +16,7 @@ NUM_PROMPTS = 8
 
 
 def build_engine(cfg: dict, run) -> None:
-    from ratchet.engine.engine import Engine
+    from ratchet.engines import make_engine
     from ratchet.mismatch.compare import compare, random_prompts, sample
     from ratchet.model.io import load_engine_model
     from ratchet.trainer.policy import Policy
@@ -38,15 +38,15 @@ def build_engine(cfg: dict, run) -> None:
                              "source_sha256": loader.source_hashes(), "selftest": kernels}
         print(selftest.format_results(kernels))
 
-    engine = Engine(model, backend=backend, max_batch_size=e["max_batch_size"],
-                    max_seq_len=e["max_seq_len"])
+    engine = make_engine(model, backend=backend, max_batch_size=e["max_batch_size"],
+                         max_seq_len=e["max_seq_len"], vllm_options=e["vllm"])
     prompts = random_prompts(cfg_m.vocab_size, NUM_PROMPTS, 16, seed=cfg["seed"],
                              avoid=tuple(cfg_m.eos_token_ids))
     t0 = time.perf_counter()
     reqs = sample(engine, prompts, max_new_tokens=max(1, e["selftest_tokens"] // NUM_PROMPTS),
                   seed=cfg["seed"])
     sample_s = time.perf_counter() - t0
-    policy = Policy.from_weights(cfg_m, model.weights, device="cuda" if backend == "cuda" else "cpu")
+    policy = Policy.from_weights(cfg_m, model.weights, device="cuda" if backend in ("cuda", "vllm") else "cpu")
     same_weights = compare(policy, reqs, prefix="selftest/")
     checks = {"fp32_arithmetic": same_weights}
     if e["dtype"] != "fp32":

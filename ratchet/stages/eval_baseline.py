@@ -12,7 +12,7 @@ def run_eval(cfg: dict, run, model_dir, name: str) -> dict:
     from ratchet.data.prompts import make_prompt_fn
     from ratchet.data.tokenizer import load_tokenizer
     from ratchet.device import resolve_backend
-    from ratchet.engine.engine import Engine
+    from ratchet.engines import make_engine
     from ratchet.model.io import load_engine_model
     from ratchet.rl.evaluate import evaluate
 
@@ -23,8 +23,8 @@ def run_eval(cfg: dict, run, model_dir, name: str) -> dict:
     problems = load_split(paths.test_data)
     if ev["num_problems"]:
         problems = problems.head(ev["num_problems"])
-    engine = Engine(model, backend=resolve_backend(e["backend"]),
-                    max_batch_size=e["max_batch_size"], max_seq_len=e["max_seq_len"])
+    engine = make_engine(model, backend=resolve_backend(e["backend"]), max_batch_size=e["max_batch_size"],
+                         max_seq_len=e["max_seq_len"], vllm_options=e["vllm"])
     prompt_fn = make_prompt_fn(tokenizer, cfg["data"]["source"])
     summary, answers = evaluate(engine, tokenizer, problems, prompt_fn, ev["max_new_tokens"])
     summary.update({"name": name, "backend": engine.backend_name, "dtype": model.dtype})

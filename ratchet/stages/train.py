@@ -41,7 +41,8 @@ def make_job(cfg: dict, mode: str, out_dir: Path | None = None, **overrides):
               test_path=str(paths.test_data), backend=resolve_backend(e["backend"]),
               max_batch_size=e["max_batch_size"], max_seq_len=e["max_seq_len"],
               eval_max_new_tokens=cfg["eval"]["max_new_tokens"],
-              device="cuda" if torch.cuda.is_available() else "cpu", digest=digest)
+              device="cuda" if torch.cuda.is_available() else "cpu", digest=digest,
+              vllm_options=dict(e["vllm"]))
     return dataclasses.replace(job, **{k: v for k, v in overrides.items() if k not in grpo_fields})
 
 

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# GPU calls: install vLLM 0.26.0 from the wheelhouse and run the vLLM engine's GPU tests
+# (tests/test_vllm_gpu.py: log-probs of every sampled token against ratchet's own engine,
+# resume after cancel, greedy answers, a weight update seen in the next sample and in the
+# checksums). All calls on the same machine (what lies in /root/v and /tmp/vsite goes with it).
+#
+# Here, once (pip download from PyPI, 355 MiB):
+#   ../shared/tools/vllm-wheels.sh .cache/vllm      # vllm.tar.00..06 (55 MiB each) + SHA256
+# There, one chunk a call (a call carries at most 64 MiB), carry=[".cache/vllm/vllm.tar.0N"]:
+#   bash dev/gpu/vllm.sh stage           # moves the carried chunk (and SHA256) into /root/v
+# then, carry=[".cache/vllm/SHA256"] or nothing:
+#   bash dev/gpu/vllm.sh install         # join, sha256sum -c, untar, pip install --target /tmp/vsite
+#   bash dev/gpu/vllm.sh test            # pytest -m gpu tests/test_vllm_gpu.py (~140 s of start-up)
+set -euo pipefail
+source dev/gpu/env.sh
+v=/root/v site=/tmp/vsite
+mkdir -p "$v"
+# vLLM in-process: its engine subprocess and V2 model runner hung at start-up on this machine
+export VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_USE_V2_MODEL_RUNNER=0 VLLM_HOST_IP=127.0.0.1 \
+       VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+export PYTHONPATH="$site:$PYTHONPATH"  # vLLM's own folder first: not the project's wheels
+
+case "${1:?stage, install or test}" in
+stage)
+  shopt -s nullglob
+  for f in .cache/vllm/vllm.tar.0? .cache/vllm/SHA256; do mv -v "$f" "$v/"; done
+  ls -l "$v"
+  ;;
+install)
+  [ -f "$site/.installed" ] && { echo "vLLM already in $site"; exit 0; }
+  [ -f .cache/vllm/SHA256 ] && cp .cache/vllm/SHA256 "$v/"
+  n=$(ls "$v"/vllm.tar.0? | wc -l)
+  [ "$n" = 7 ] || { echo "have $n of 7 chunks in $v: stage the others first"; exit 1; }
+  cd "$v" && cat vllm.tar.0? > vllm.tar && sha256sum -c SHA256 && mkdir -p w && tar xf vllm.tar -C w
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" w/*.whl
+  rm -f vllm.tar && touch "$site/.installed"
+  python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__, torch.cuda.is_available())"
+  ;;
+test)
+  python3 -m pytest -m gpu -q -s -p no:cacheprovider tests/test_vllm_gpu.py "${@:2}"
+  ;;
+*)
+  echo "unknown step $1 (stage, install or test)"; exit 2
+  ;;
+esac
