@@ -132,6 +132,7 @@ def main(argv: list[str] | None = None) -> None:
         if rc != 0:
             results.append({**variant, "error": f"exit status {rc}"})
             print(f"[grpo_step] {variant['name']} failed (exit status {rc})", flush=True)
+            write(args, results, done=i + 1 == len(variants))
             continue
         result = json.loads(part.read_text())
         part.unlink()
@@ -141,8 +142,15 @@ def main(argv: list[str] | None = None) -> None:
         print(f"[grpo_step] {variant['name']}: step {m['time/step_s']:.3f}s  generate "
               f"{m['time/generate_s']:.3f}s  train {m['time/train_s']:.3f}s  sync {m['time/sync_s'] * 1e3:.1f}ms  "
               f"gap mean {m.get('mismatch/logprob_abs_diff_mean', float('nan')):.2e}  peak {peak:.1f} GB", flush=True)
-    Path(args.out).write_text(json.dumps({"config": args.config, "overrides": args.overrides,
-                                          "steps": args.steps, "variants": results}, indent=1))
+        write(args, results, done=i + 1 == len(variants))  # after each: a time limit keeps what ran
+
+
+def write(args, results: list[dict], done: bool) -> None:
+    out = Path(args.out)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"config": args.config, "overrides": args.overrides, "steps": args.steps,
+                               "complete": done, "variants": results}, indent=1))
+    tmp.replace(out)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,30 @@
+"""dev/grpo_step.py, the GRPO step bench: its variant grammar, and a run on the tiny profile
+whose record holds each variant's step medians."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dev import grpo_step
+
+
+def test_variants_parse_and_bad_ones_name_the_option():
+    assert grpo_step.parse_variant("split:fp16") == {"name": "split:fp16", "mode": "split",
+                                                      "compute_dtype": "fp16", "fix": "none"}
+    assert grpo_step.parse_variant("colocated:bf16:exact")["fix"] == "exact"
+    for bad in ("split", "split:fp8", "colocated:fp32:tis", "other:fp32"):
+        with pytest.raises(SystemExit, match="--variants"):
+            grpo_step.parse_variant(bad)
+
+
+@pytest.mark.slow
+def test_bench_records_each_variants_medians(tmp_path):
+    out = tmp_path / "step.json"
+    grpo_step.main(["--config", "config/config.yaml", "--set", f"results_dir={tmp_path / 'results'}",
+                    "--steps", "3", "--variants", "colocated:fp32,split:fp32:fix", "--out", str(out)])
+    record = json.loads(out.read_text())
+    assert record["complete"] and [v["name"] for v in record["variants"]] == ["colocated:fp32", "split:fp32:fix"]
+    for v in record["variants"]:
+        assert v["median"]["time/step_s"] > 0 and len(v["per_step_s"]) == 3
