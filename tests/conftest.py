@@ -39,6 +39,16 @@ def real_gguf() -> Path:
 
 
 @pytest.fixture
+def real_gguf_15() -> Path:
+    """Qwen2.5-Coder-1.5B-Instruct (`../shared/tools/real-model.sh .cache/real --model coder-1.5b`)."""
+    path = Path(os.environ.get("RATCHET_REAL_GGUF_15", REAL_GGUF.parent / "qwen2.5-coder-1.5b-instruct.gguf"))
+    if not path.is_file():
+        pytest.skip(f"1.5B model not present at {path} (run ../shared/tools/real-model.sh .cache/real "
+                    "--model coder-1.5b)")
+    return path
+
+
+@pytest.fixture
 def gsm8k_dir() -> Path:
     path = SHARED / "data" / "gsm8k"
     if not (path / "test.jsonl").is_file():

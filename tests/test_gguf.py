@@ -233,3 +233,27 @@ def test_real_qwen_gguf_matches_transformers(real_gguf, tmp_path, parse_each_ggu
     assert relative_diff(ours_logits, ref_logits) <= 1e-5
     assert torch.equal(ours_logits[0, -1].argmax(), ref_logits[0, -1].argmax())
     print(f"total {time.time() - start:.1f} s")
+
+
+@pytest.mark.slow
+def test_real_coder15_gguf_matches_transformers(real_gguf_15, tmp_path, parse_each_gguf_once):
+    """Qwen2.5-Coder-1.5B (Q4_K / Q6_K, untied head, head_dim 128, 6 query heads a kv head):
+    our conversion's logits against transformers' own GGUF loading of the same file."""
+    cfg, weights = convert_gguf(real_gguf_15, tmp_path / "tok")
+    assert (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (28, 1536, 12, 2, 128)
+    assert not cfg.tie_word_embeddings and "lm_head.weight" in weights
+    policy = Policy.from_weights(cfg, weights)
+    del weights
+    hf_config = AutoConfig.from_pretrained(real_gguf_15.parent, gguf_file=real_gguf_15.name)
+    ref_tok = AutoTokenizer.from_pretrained(real_gguf_15.parent, gguf_file=real_gguf_15.name,
+                                            tokenizer_type=hf_config.model_type)
+    text = ref_tok.apply_chat_template([{"role": "user", "content": "What is 17 * 23?"}], tokenize=False,
+                                       add_generation_prompt=True)
+    assert PreTrainedTokenizerFast.from_pretrained(tmp_path / "tok").encode(text) == ref_tok.encode(text)
+    ids = torch.tensor([ref_tok.encode(text)[:24]])
+    with torch.no_grad():
+        ours_logits = full_logits(policy, ids)
+        del policy
+        ref_logits = hf_model_from_gguf(real_gguf_15, hf_config)(ids).logits
+    assert relative_diff(ours_logits, ref_logits) <= 1e-5
+    assert torch.equal(ours_logits[0].argmax(-1), ref_logits[0].argmax(-1))
