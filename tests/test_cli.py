@@ -61,11 +61,11 @@ def _snakemake_config(workdir: Path, *args: str) -> dict:
                            "--directory", str(workdir), "--cores", "1", *args, "--", "resolved_config"],
                           capture_output=True, text=True, env=_env(), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    run = next((workdir / "results").iterdir())
+    run = next(p for p in (workdir / "results").iterdir() if (p / "config.json").is_file())  # not .pipelines
     return json.loads((run / "config.json").read_text())
 
 
-@pytest.mark.parametrize("profile", ["config.yaml", "paper.yaml", "local.yaml"])
+@pytest.mark.parametrize("profile", ["config.yaml", "paper.yaml", "local.yaml", "local-1.5b.yaml"])
 def test_a_profile_resolves_the_same_inside_and_outside_the_pipeline(tmp_path, profile):
     path = ROOT / "config" / profile
     insist = [] if profile == "config.yaml" else ["engine.backend=numpy"]  # these profiles want a GPU

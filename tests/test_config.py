@@ -27,10 +27,22 @@ def test_every_schema_key_has_description_and_default():
     walk(cfgmod.load_schema(), "")
 
 
-@pytest.mark.parametrize("profile", ["config.yaml", "paper.yaml", "local.yaml"])
+PROFILES = {"config.yaml": "tiny", "paper.yaml": "paper", "local.yaml": "local", "local-1.5b.yaml": "local-1.5b"}
+
+
+@pytest.mark.parametrize("profile", list(PROFILES))
 def test_profiles_validate(profile):
     cfg = cfgmod.load(ROOT / "config" / profile)
-    assert cfg["run_name"] == {"config.yaml": "tiny", "paper.yaml": "paper", "local.yaml": "local"}[profile]
+    assert cfg["run_name"] == PROFILES[profile]
+
+
+def test_the_15b_profile_is_the_local_study_on_the_larger_model():
+    """local-1.5b.yaml differs from local.yaml only in its run name and model file."""
+    small, big = (cfgmod.load(ROOT / "config" / p) for p in ("local.yaml", "local-1.5b.yaml"))
+    assert big["model"]["path"].endswith("qwen2.5-coder-1.5b-instruct.gguf")
+    for cfg in (small, big):
+        cfg.pop("run_name"), cfg["model"].pop("path")
+    assert small == big
 
 
 def test_paper_profile_pins_revisions_and_study_settings():
