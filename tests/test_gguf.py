@@ -257,3 +257,36 @@ def test_real_coder15_gguf_matches_transformers(real_gguf_15, tmp_path, parse_ea
         ref_logits = hf_model_from_gguf(real_gguf_15, hf_config)(ids).logits
     assert relative_diff(ours_logits, ref_logits) <= 1e-5
     assert torch.equal(ours_logits[0].argmax(-1), ref_logits[0].argmax(-1))
+
+
+@pytest.mark.slow
+def test_real_coder15_greedy_on_the_numpy_engine_is_transformers_greedy(real_gguf_15, tmp_path, parse_each_gguf_once):
+    """The engine at the 1.5B shapes (fp32, the NumPy reference) writes transformers' own
+    greedy continuation of two GSM8K-style chat prompts, token for token (a spot check on the
+    CPU; the full eval against `generate` is the GPU's, issue 20)."""
+    from types import SimpleNamespace
+
+    from ratchet.engine.engine import Engine
+    from ratchet.engine.request import Request
+
+    cfg, weights = convert_gguf(real_gguf_15, tmp_path / "tok")
+    tok = PreTrainedTokenizerFast.from_pretrained(tmp_path / "tok")
+    questions = ["Tom has 3 boxes of 12 pencils and gives away 7. How many are left?",
+                 "A train travels 60 km per hour for 2.5 hours. How far does it go?"]
+    prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
+                                                  add_generation_prompt=True)) for q in questions]
+    new = 24
+    engine = Engine(SimpleNamespace(cfg=cfg, weights=weights, dtype="fp32"), backend="numpy",
+                    max_batch_size=2, max_seq_len=max(map(len, prompts)) + new + 1)
+    ours = engine.generate([Request(request_id=i, prompt=p, max_new_tokens=new, greedy=True, seed=0)
+                            for i, p in enumerate(prompts)])
+    del engine, weights
+    hf = hf_model_from_gguf(real_gguf_15)
+    for prompt, req in zip(prompts, ours):
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([prompt]), max_new_tokens=new, do_sample=False)[0, len(prompt):]
+        ref = ref.tolist()
+        n = len(req.output)
+        assert req.output == ref[:n], (tok.decode(req.output), tok.decode(ref))
+        assert n == len(ref) or ref[n - 1] in cfg.eos_token_ids  # stopped at eos, as generate did
+        print(tok.decode(req.output))
