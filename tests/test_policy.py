@@ -191,3 +191,24 @@ def test_temperature_zero_scores_at_one_and_bad_inputs():
         policy.token_logprobs([[1], []], [[2], [3]])
     with pytest.raises(ValueError, match="unknown dtype"):
         policy.token_logprobs([[1]], [[2]], weight_dtype="fp8")
+
+
+def test_causal_attention_gives_the_masked_answers_and_gradients():
+    """train.attention causal (is_causal alone) against the explicit mask, on a right-padded
+    batch of unequal rows: the same log-probs, entropy and gradient up to float order."""
+    policy = make_policy()
+    prompts, responses = random_batch(seed=3, rows=5)
+    assert len({len(p) + len(r) for p, r in zip(prompts, responses)}) > 1  # padding is exercised
+    out = {}
+    for attention in ("mask", "causal"):
+        policy.zero_grad()
+        lp, mask, ent = policy.token_logprobs(prompts, responses, with_entropy=True, attention=attention)
+        (lp[mask].sum() + ent[mask].sum()).backward()
+        out[attention] = (lp.detach(), ent.detach(), [p.grad.clone() for p in policy.parameters()])
+    (lp_m, ent_m, g_m), (lp_c, ent_c, g_c) = out["mask"], out["causal"]
+    assert max_diff(lp_c[mask], lp_m[mask], "log-probs") < 1e-5
+    assert max_diff(ent_c[mask], ent_m[mask], "entropy") < 1e-5
+    for a, b in zip(g_c, g_m):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+    with pytest.raises(ValueError, match="attention 'flash'"):
+        policy.token_logprobs(prompts, responses, attention="flash")

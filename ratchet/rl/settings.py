@@ -44,6 +44,7 @@ class GRPOConfig:
     round_weights: bool
     exact_forward: bool
     compute_dtype: str
+    attention: str
     num_minibatches: int
     micro_batch_size: int
     num_workers: int

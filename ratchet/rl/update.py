@@ -63,7 +63,8 @@ def forwards(policy, exp: Experience, rows, cfg: GRPOConfig, with_entropy: bool)
     for mb in micro_batches(rows, exp.prompts, exp.responses, cfg.micro_batch_size):
         lp, mask, ent = policy.token_logprobs([exp.prompts[i] for i in mb], [exp.responses[i] for i in mb],
                                               temperature=cfg.temperature, weight_dtype=cfg.weight_dtype,
-                                              compute_dtype=cfg.compute_dtype, with_entropy=with_entropy)
+                                              compute_dtype=cfg.compute_dtype, with_entropy=with_entropy,
+                                              attention=cfg.attention)
         yield mb, exp.forward_values(lp, mb), mask, ent
 
 

@@ -18,6 +18,9 @@ from ratchet.model.layout import check_weights, expected_shapes, rope_tables
 from ratchet.trainer.precision import autocast, rounded_parameters
 
 
+ATTENTION = ("mask", "causal")  # train.attention
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -66,7 +69,7 @@ class Block(nn.Module):
         cos, sin = cos.to(q.dtype), sin.to(q.dtype)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
                                            enable_gqa=self.num_heads != self.num_kv_heads)
         return self.wo(o.transpose(1, 2).reshape(b, t, self.num_heads * hd))
 
@@ -166,16 +169,29 @@ class Policy(nn.Module):
             self._rope = (cos, sin)
         return self._rope[0][:length], self._rope[1][:length]
 
-    def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Final-normed hidden states [B, T, D]; right padding, positions from 0 in every row."""
+    def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                      attention: str = "mask") -> torch.Tensor:
+        """Final-normed hidden states [B, T, D]; right padding, positions from 0 in every row.
+
+        `attention` "mask": an explicit [B, T, T] mask (PyTorch then takes its math or
+        memory-efficient kernel); "causal": is_causal alone, which with right padding gives
+        every real token the same keys (the pads come after it), and lets PyTorch take a
+        fused kernel; the pads' own hidden states differ, and nothing reads them."""
+        if attention not in ATTENTION:
+            raise ValueError(f"attention {attention!r} is not one of {ATTENTION}")
         b, t = input_ids.shape
+        cos, sin = self.rope(t, input_ids.device)
+        if attention == "causal":
+            x = self.embed(input_ids)
+            for layer in self.layers:
+                x = layer(x, cos, sin, None)
+            return self.norm(x)
         if attention_mask is None:
             attention_mask = torch.ones(b, t, dtype=torch.bool, device=input_ids.device)
         causal = torch.tril(torch.ones(t, t, dtype=torch.bool, device=input_ids.device))
         # A pad query still sees itself, so no row of the mask is empty (which would give NaN).
         diagonal = torch.eye(t, dtype=torch.bool, device=input_ids.device)
         mask = (causal & attention_mask.bool()[:, None, :]) | diagonal  # [B, T, T]
-        cos, sin = self.rope(t, input_ids.device)
         x = self.embed(input_ids)
         for layer in self.layers:
             x = layer(x, cos, sin, mask[:, None])
@@ -185,7 +201,7 @@ class Policy(nn.Module):
     def token_logprobs(self, prompts: list[list[int]], responses: list[list[int]],
                        temperature: float = 1.0, weight_dtype: str = "fp32",
                        compute_dtype: str = "fp32", chunk_size: int = 2048,
-                       with_entropy: bool = False):
+                       with_entropy: bool = False, attention: str = "mask"):
         """(logprobs [B, Rmax] fp32, mask [B, Rmax] bool, entropy [B, Rmax] or None).
 
         log_softmax(logits / temperature) at each response token; temperature 0 (greedy) scores
@@ -196,7 +212,7 @@ class Policy(nn.Module):
         temperature = temperature or 1.0
         device = self.embed.weight.device
         batch = pack(prompts, responses, device)
-        args = (batch, temperature, chunk_size, with_entropy)
+        args = (batch, temperature, chunk_size, with_entropy, attention)
         with autocast(device.type, compute_dtype):
             if weight_dtype == "fp32":
                 chosen, entropy = self(*args)
@@ -208,9 +224,10 @@ class Policy(nn.Module):
             entropy = torch.zeros(shape, device=device).index_put(where, entropy)
         return logprobs, batch.response_mask, entropy if with_entropy else None
 
-    def forward(self, batch: PackedBatch, temperature: float, chunk_size: int, with_entropy: bool):
+    def forward(self, batch: PackedBatch, temperature: float, chunk_size: int, with_entropy: bool,
+                attention: str = "mask"):
         """The body of `token_logprobs`, as `forward` so `functional_call` can swap the weights."""
-        h = self.hidden_states(batch.input_ids, batch.attention_mask)[batch.rows, batch.positions]  # [N, D]
+        h = self.hidden_states(batch.input_ids, batch.attention_mask, attention)[batch.rows, batch.positions]  # [N, D]
         head = self.head_weight()
         chosen, entropy = [h.new_zeros(0, dtype=torch.float32)], [h.new_zeros(0, dtype=torch.float32)]
         for start in range(0, h.shape[0], chunk_size):
