@@ -14,7 +14,7 @@ from typing import Iterable, Mapping
 import numpy as np
 
 from ratchet.engine.factory import make_backend
-from ratchet.engine.request import Request
+from ratchet.engine.request import Request, check_addable, check_unique_ids, stop_reason, stops_by_length
 from ratchet.engine.sampling import SamplingBatch
 from ratchet.engine.scheduler import Scheduler, Sequence
 from ratchet.engine.score import teacher_forced_logprobs
@@ -93,10 +93,7 @@ class Engine:
 
     def generate(self, requests: list[Request], progress: bool = False) -> list[Request]:
         """Run `requests` to completion; returns them in the given order."""
-        ids = [r.request_id for r in requests]
-        if len(set(ids)) != len(ids):
-            duplicate = next(i for i in ids if ids.count(i) > 1)
-            raise ValueError(f"generate: request_id {duplicate} appears more than once")
+        ids = check_unique_ids(requests)
         for request in requests:  # check all before queueing any
             self._check_addable(request)
         for request in requests:
@@ -238,9 +235,7 @@ class Engine:
         return self.scheduler.running.get(seq.request.request_id) is seq
 
     def _stops_by_length(self, request: Request, ahead: int = 0) -> bool:
-        """Whether a length limit stops the request once `ahead` more tokens are appended."""
-        return (len(request.output) + ahead >= request.max_new_tokens
-                or request.num_tokens + ahead >= self.max_seq_len)
+        return stops_by_length(request, self.max_seq_len, ahead)
 
     @staticmethod
     def _sampling_batch(seqs: list[Sequence], ahead: int = 0) -> SamplingBatch:
@@ -267,11 +262,7 @@ class Engine:
         return finished
 
     def _stop_reason(self, request: Request) -> str | None:
-        if request.output and request.output[-1] in self.eos_ids:
-            return "eos"
-        if self._stops_by_length(request):
-            return "length"
-        return None
+        return stop_reason(request, self.eos_ids, self.max_seq_len)
 
     def _finish(self, seq: Sequence, reason: str) -> Request:
         seq.request.finish_reason = reason
@@ -283,19 +274,7 @@ class Engine:
         self.scheduler.release(seq)
 
     def _check_addable(self, request: Request) -> None:
-        where = f"engine: request {request.request_id}"
-        if request.finish_reason is not None:
-            raise ValueError(f"{where} already finished ({request.finish_reason}); "
-                             "only unfinished or cancelled requests can be added")
-        if request.request_id in self.scheduler:
-            raise ValueError(f"{where} is already running or waiting (request ids must be unique)")
-        bad = [t for t in request.prompt + request.output if not 0 <= t < self.cfg.vocab_size]
-        if bad:
-            raise ValueError(f"{where}: token id {bad[0]} is outside the vocabulary "
-                             f"[0, {self.cfg.vocab_size})")
-        if len(request.prompt) >= self.max_seq_len:
-            raise ValueError(f"{where}: prompt of {len(request.prompt)} tokens leaves no room "
-                             f"under max_seq_len {self.max_seq_len}")
+        check_addable(request, request.request_id in self.scheduler, self.cfg.vocab_size, self.max_seq_len)
 
 
 def _progress_bar(total: int):

@@ -45,3 +45,41 @@ class Request:
     def num_tokens(self) -> int:
         """Prompt plus output: the length of the sequence the model has seen or will see."""
         return len(self.prompt) + len(self.output)
+
+
+def stops_by_length(request: Request, max_seq_len: int, ahead: int = 0) -> bool:
+    """Whether a length limit stops the request once `ahead` more tokens are appended."""
+    return (len(request.output) + ahead >= request.max_new_tokens
+            or request.num_tokens + ahead >= max_seq_len)
+
+
+def stop_reason(request: Request, eos_ids, max_seq_len: int) -> str | None:
+    """Why the request is done after its last token, eos before length; None if it is not."""
+    if request.output and request.output[-1] in eos_ids:
+        return "eos"
+    return "length" if stops_by_length(request, max_seq_len) else None
+
+
+def check_addable(request: Request, queued: bool, vocab_size: int, max_seq_len: int) -> None:
+    """What every engine refuses to queue (`queued`: its id is already running or waiting)."""
+    where = f"engine: request {request.request_id}"
+    if request.finish_reason is not None:
+        raise ValueError(f"{where} already finished ({request.finish_reason}); "
+                         "only unfinished or cancelled requests can be added")
+    if queued:
+        raise ValueError(f"{where} is already running or waiting (request ids must be unique)")
+    bad = [t for t in request.prompt + request.output if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"{where}: token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
+    if len(request.prompt) >= max_seq_len:
+        raise ValueError(f"{where}: prompt of {len(request.prompt)} tokens leaves no room "
+                         f"under max_seq_len {max_seq_len}")
+
+
+def check_unique_ids(requests: list[Request]) -> list[int]:
+    """The requests' ids, refused if one appears twice (a generate call's batch)."""
+    ids = [r.request_id for r in requests]
+    if len(set(ids)) != len(ids):
+        duplicate = next(i for i in ids if ids.count(i) > 1)
+        raise ValueError(f"generate: request_id {duplicate} appears more than once")
+    return ids

@@ -35,7 +35,7 @@ from typing import Iterable, Mapping
 import numpy as np
 
 from ratchet.engine.engine import DEFAULT_MAX_SEQ_LEN, EngineStats
-from ratchet.engine.request import Request
+from ratchet.engine.request import Request, check_addable, check_unique_ids, stop_reason
 from ratchet.model.checksum import block_checksums
 from ratchet.vllm.names import PADDED_VOCAB, hf_update, vllm_parameter
 
@@ -158,10 +158,7 @@ class VllmEngine:
 
     def generate(self, requests: list[Request], progress: bool = False) -> list[Request]:
         """Run `requests` to completion; returns them in the given order (`progress`: no bar here)."""
-        ids = [r.request_id for r in requests]
-        if len(set(ids)) != len(ids):
-            duplicate = next(i for i in ids if ids.count(i) > 1)
-            raise ValueError(f"generate: request_id {duplicate} appears more than once")
+        ids = check_unique_ids(requests)
         for request in requests:  # check all before queueing any
             self._check_addable(request)
         for request in requests:
@@ -310,26 +307,12 @@ class VllmEngine:
 
     def _stop_reason(self, request: Request) -> str | None:
         """ratchet's rule (eos before length), not vLLM's finish_reason."""
-        if request.output and request.output[-1] in self.eos_ids:
-            return "eos"
-        if len(request.output) >= request.max_new_tokens or request.num_tokens >= self.max_seq_len:
-            return "length"
-        return None
+        return stop_reason(request, self.eos_ids, self.max_seq_len)
 
     def _check_addable(self, request: Request) -> None:
+        queued = any(r.request_id == request.request_id for r in [*self._running.values(), *self._no_budget])
+        check_addable(request, queued, self.cfg.vocab_size, self.max_seq_len)
         where = f"engine: request {request.request_id}"
-        if request.finish_reason is not None:
-            raise ValueError(f"{where} already finished ({request.finish_reason}); "
-                             "only unfinished or cancelled requests can be added")
-        if any(r.request_id == request.request_id for r in [*self._running.values(), *self._no_budget]):
-            raise ValueError(f"{where} is already running or waiting (request ids must be unique)")
-        bad = [t for t in request.prompt + request.output if not 0 <= t < self.cfg.vocab_size]
-        if bad:
-            raise ValueError(f"{where}: token id {bad[0]} is outside the vocabulary "
-                             f"[0, {self.cfg.vocab_size})")
-        if len(request.prompt) >= self.max_seq_len:
-            raise ValueError(f"{where}: prompt of {len(request.prompt)} tokens leaves no room "
-                             f"under max_seq_len {self.max_seq_len}")
         if request.greedy and request.temperature not in (0, 1):
             raise ValueError(f"{where}: greedy at temperature {request.temperature} on engine.backend "
                              "'vllm', whose greedy log-probabilities are at temperature 1 (use 0 or 1)")
