@@ -65,6 +65,17 @@ __device__ __forceinline__ unsigned int pack2(unsigned short lo, unsigned short 
     return (unsigned int)lo | ((unsigned int)hi << 16);
 }
 
+// Elements [from, end) of one tensor, one a thread in a block-stride loop: a chunk's tail past its
+// vector groups, or a whole chunk whose pointers are not 16-byte aligned.
+template <int MODE>
+__device__ __forceinline__ void convert_scalar(const float* __restrict__ src, long long dst_addr,
+                                               long long from, long long end) {
+    for (long long i = from + threadIdx.x; i < end; i += blockDim.x) {
+        if (MODE == 2) reinterpret_cast<float*>(dst_addr)[i] = src[i];
+        else reinterpret_cast<unsigned short*>(dst_addr)[i] = to_bits<MODE>(src[i]);
+    }
+}
+
 // MODE 0: fp16, 1: bf16, 2: fp32 (a plain copy). 256 threads (other sizes take the scalar path);
 // a grid of at most 4 blocks per multiprocessor keeps every block resident.
 template <int MODE>
@@ -114,15 +125,9 @@ convert_many(const ConvertDesc* __restrict__ descs, int ndesc, long long nchunks
                     }
                 }
             }
-            for (long long i = full + threadIdx.x; i < end; i += blockDim.x) {
-                if (MODE == 2) reinterpret_cast<float*>(dst_addr)[i] = src[i];
-                else reinterpret_cast<unsigned short*>(dst_addr)[i] = to_bits<MODE>(src[i]);
-            }
+            convert_scalar<MODE>(src, dst_addr, full, end);
         } else {
-            for (long long i = begin + threadIdx.x; i < end; i += blockDim.x) {
-                if (MODE == 2) reinterpret_cast<float*>(dst_addr)[i] = src[i];
-                else reinterpret_cast<unsigned short*>(dst_addr)[i] = to_bits<MODE>(src[i]);
-            }
+            convert_scalar<MODE>(src, dst_addr, begin, end);
         }
     }
 }
@@ -170,15 +175,9 @@ convert_table(const ConvertDesc* __restrict__ descs, const int* __restrict__ chu
                     }
                 }
             }
-            for (long long i = full + threadIdx.x; i < end; i += blockDim.x) {
-                if (MODE == 2) reinterpret_cast<float*>(dst_addr)[i] = src[i];
-                else reinterpret_cast<unsigned short*>(dst_addr)[i] = to_bits<MODE>(src[i]);
-            }
+            convert_scalar<MODE>(src, dst_addr, full, end);
         } else {
-            for (long long i = begin + threadIdx.x; i < end; i += blockDim.x) {
-                if (MODE == 2) reinterpret_cast<float*>(dst_addr)[i] = src[i];
-                else reinterpret_cast<unsigned short*>(dst_addr)[i] = to_bits<MODE>(src[i]);
-            }
+            convert_scalar<MODE>(src, dst_addr, begin, end);
         }
     }
 }
