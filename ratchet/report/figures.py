@@ -62,6 +62,20 @@ def _positive(values) -> np.ndarray:
     return np.where(v > 0, v, np.nan)
 
 
+def _log_by_updates(ax, updates, title: str, ylabel: str, bottom: bool) -> None:
+    """A panel of a figure by update count: log y, symlog x ticked at the counts measured."""
+    ax.set_yscale("log")
+    ax.set_xscale("symlog", linthresh=1)
+    ticks = sorted(updates.unique())
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([str(t) for t in ticks])
+    ax.set_title(title)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, which="both", alpha=0.3)
+    if bottom:
+        ax.set_xlabel("GRPO updates")
+
+
 def decomposition_figure(frame: pd.DataFrame, path: Path) -> Path:
     """max and mean |dlogp| (log scale) against updates, one line per source, one column per
     engine dtype."""
@@ -79,16 +93,8 @@ def decomposition_figure(frame: pd.DataFrame, path: Path) -> Path:
                     continue
                 values = np.maximum(s[metric], ZERO_AT) if source == "exact" else _positive(s[metric])
                 ax.plot(s["updates"], values, marker="o", color=colour, ls=style, label=label)
-            ax.set_yscale("log")
-            ax.set_xscale("symlog", linthresh=1)
-            ticks = sorted(part["updates"].unique())
-            ax.set_xticks(ticks)
-            ax.set_xticklabels([str(t) for t in ticks])
-            ax.set_title(f"{dtype} engine: {title}")
-            ax.set_ylabel(f"{title} per token (log)")
-            ax.grid(True, which="both", alpha=0.3)
-            if row == 1:
-                ax.set_xlabel("GRPO updates")
+            _log_by_updates(ax, part["updates"], f"{dtype} engine: {title}", f"{title} per token (log)",
+                            bottom=row == 1)
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=9, bbox_to_anchor=(0.5, -0.04))
     fig.suptitle("Training-inference gap by source, on the engine's own fresh rollouts")
@@ -176,16 +182,8 @@ def gradient_figure(frame: pd.DataFrame, path: Path) -> Path:
                     same = (frame.loc[frame["variant"] == variant, "rel_diff"] == 0).all()
                     ax.plot(s["updates"], _positive(values(s)), marker="o", color=colour, ls=style,
                             lw=width, label=label + (" (= reference: no point)" if same else ""))
-            ax.set_yscale("log")
-            ax.set_xscale("symlog", linthresh=1)
-            ticks = sorted(part["updates"].unique())
-            ax.set_xticks(ticks)
-            ax.set_xticklabels([str(t) for t in ticks])
-            ax.set_title(f"{dtype} engine: {title}")
-            ax.set_ylabel(f"{title} (log)")
-            ax.grid(True, which="both", alpha=0.3)
-            if row == 1:
-                ax.set_xlabel("GRPO updates")
+            _log_by_updates(ax, part["updates"], f"{dtype} engine: {title}", f"{title} (log)",
+                            bottom=row == 1)
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=9, bbox_to_anchor=(0.5, -0.04))
     fig.subplots_adjust(wspace=0.3)
