@@ -4,23 +4,14 @@ are identical when run twice."""
 
 from __future__ import annotations
 
-
 import numpy as np
 import pandas as pd
 import pytest
 from configured import ablate_settings
+from tiny_setup import tiny_setup
 
-from ratchet.data.char_tokenizer import save_char_tokenizer
-from ratchet.data.prompts import make_prompt_fn
-from ratchet.data.synthetic import ALPHABET, make_arithmetic
-from ratchet.data.tokenizer import load_tokenizer
-from ratchet.mismatch.ablation import Setup
 from ratchet.mismatch.decompose import SOURCES, along_updates
 from ratchet.mismatch.fix import fix_runs
-from ratchet.model.convert_hf import convert_hf
-from ratchet.model.io import load_engine_model, save_engine_model
-from ratchet.model.tiny import make_tiny_model
-from ratchet.rl.task import Task
 
 # the study's lr: a step of 1e-6 is a fraction of the fp16 spacing of most weights (N(0, 0.02))
 SETTINGS = dict(updates=(0, 1, 3), num_rollouts=16, max_new_tokens=4, problems_per_step=4,
@@ -36,21 +27,7 @@ def tiny(tmp_path_factory):
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a model this small: thread start-up costs more than the maths
-    root = tmp_path_factory.mktemp("tiny")
-    save_char_tokenizer(root / "tok", ALPHABET)
-    tok = load_tokenizer(root / "tok")
-    make_tiny_model(root / "hf", seed=0, vocab_size=tok.vocab_size, hidden_size=32,
-                    intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1,
-                    tokenizer_dir=root / "tok", eos_token_id=tok.eos_ids[0], pad_token_id=tok.pad_id)
-    cfg, weights = convert_hf(root / "hf")
-    save_engine_model(root / "model", cfg, weights, "fp16", tokenizer_dir=root / "hf")
-    model = load_engine_model(root / "model")
-    tokenizer = load_tokenizer(root / "model")
-    prompt_fn = make_prompt_fn(tokenizer, "synthetic")
-    train, test = make_arithmetic(400, 40, seed=0)
-    task = Task([prompt_fn(q) for q in train["question"]], list(train["target"]), tokenizer)
-    measure = [prompt_fn(q) for q in test["question"][:SETTINGS["num_rollouts"]]]
-    yield Setup(model, task, measure, backend="numpy", max_batch_size=64, max_seq_len=32)
+    yield tiny_setup(tmp_path_factory.mktemp("tiny"), num_measure=SETTINGS["num_rollouts"])
     torch.set_num_threads(threads)
 
 

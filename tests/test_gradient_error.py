@@ -15,13 +15,10 @@ import numpy as np
 import pytest
 import torch
 from configured import ablate_settings
+from tiny_setup import tiny_setup
 
 from ratchet.config import ConfigError, validate
-from ratchet.data.char_tokenizer import save_char_tokenizer
-from ratchet.data.prompts import make_prompt_fn
-from ratchet.data.synthetic import ALPHABET, make_arithmetic
-from ratchet.data.tokenizer import load_tokenizer
-from ratchet.mismatch.ablation import Setup, Trajectory
+from ratchet.mismatch.ablation import Trajectory
 from ratchet.mismatch.gradient import (
     GRADIENT_VARIANTS,
     SEED_OFFSET,
@@ -32,11 +29,7 @@ from ratchet.mismatch.gradient import (
     gradient_errors,
     variant_config,
 )
-from ratchet.model.convert_hf import convert_hf
-from ratchet.model.io import load_engine_model, save_engine_model
-from ratchet.model.tiny import make_tiny_model
 from ratchet.rl.sync import sync_weights
-from ratchet.rl.task import Task
 
 SETTINGS = dict(updates=(0, 3), num_rollouts=8, max_new_tokens=4, problems_per_step=4, group_size=8,
                 lr=1e-6, engine_dtypes=("fp16", "bf16"), max_steps_per_update=30, seed=0,
@@ -51,19 +44,7 @@ def tiny(tmp_path_factory):
     """A seeded tiny Qwen2 model converted to fp16, and the synthetic task."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("tiny")
-    save_char_tokenizer(root / "tok", ALPHABET)
-    tok = load_tokenizer(root / "tok")
-    make_tiny_model(root / "hf", seed=0, vocab_size=tok.vocab_size, hidden_size=32,
-                    intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1,
-                    tokenizer_dir=root / "tok", eos_token_id=tok.eos_ids[0], pad_token_id=tok.pad_id)
-    cfg, weights = convert_hf(root / "hf")
-    save_engine_model(root / "model", cfg, weights, "fp16", tokenizer_dir=root / "hf")
-    model = load_engine_model(root / "model")
-    prompt_fn = make_prompt_fn(load_tokenizer(root / "model"), "synthetic")
-    train, _ = make_arithmetic(400, 40, seed=0)
-    task = Task([prompt_fn(q) for q in train["question"]], list(train["target"]), load_tokenizer(root / "model"))
-    yield Setup(model, task, [], backend="numpy", max_batch_size=64, max_seq_len=32)
+    yield tiny_setup(tmp_path_factory.mktemp("tiny"))
     torch.set_num_threads(threads)
 
 

@@ -161,35 +161,11 @@ def tiny(tmp_path_factory):
     """A seeded tiny Qwen2 model converted to fp16, the synthetic task and 30 test problems."""
     import torch
 
-    from ratchet.data.char_tokenizer import save_char_tokenizer
-    from ratchet.data.prompts import make_prompt_fn
-    from ratchet.data.synthetic import ALPHABET, make_arithmetic
-    from ratchet.data.tokenizer import load_tokenizer
-    from ratchet.mismatch.ablation import Setup
-    from ratchet.model.convert_hf import convert_hf
-    from ratchet.model.io import load_engine_model, save_engine_model
-    from ratchet.model.tiny import make_tiny_model
-    from ratchet.rl.task import Task
+    from tiny_setup import tiny_setup
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("tiny")
-    save_char_tokenizer(root / "tok", ALPHABET)
-    tok = load_tokenizer(root / "tok")
-    make_tiny_model(root / "hf", seed=0, vocab_size=tok.vocab_size, hidden_size=32, intermediate_size=64,
-                    num_layers=1, num_heads=2, num_kv_heads=1, tokenizer_dir=root / "tok",
-                    eos_token_id=tok.eos_ids[0], pad_token_id=tok.pad_id, init_std=0.1)
-    cfg, weights = convert_hf(root / "hf")
-    save_engine_model(root / "model", cfg, weights, "fp16", tokenizer_dir=root / "hf")
-    model = load_engine_model(root / "model")
-    tokenizer = load_tokenizer(root / "model")
-    prompt_fn = make_prompt_fn(tokenizer, "synthetic")
-    train, test = make_arithmetic(400, 30, seed=0)
-    task = Task([prompt_fn(q) for q in train["question"]], list(train["target"]), tokenizer)
-    setup = Setup(model, task, [prompt_fn(q) for q in test["question"][:4]], backend="numpy",
-                  max_batch_size=64, max_seq_len=32, prompt_fn=prompt_fn, eval_problems=test,
-                  eval_max_new_tokens=2)
-    yield setup
+    yield tiny_setup(tmp_path_factory.mktemp("tiny"), num_test=30, num_measure=4, with_eval=True, init_std=0.1)
     torch.set_num_threads(threads)
 
 
