@@ -12,9 +12,8 @@ import threading
 
 import torch
 
-from ratchet.model.layout import expected_shapes
 from ratchet.rl.comm import recv_json, send_json
-from ratchet.rl.sync import WeightReceiver, WeightSender, for_engine
+from ratchet.rl.sync import WeightReceiver, WeightSender, flatten, for_engine, unflatten
 
 TRAINER, ENGINE = 0, 1
 
@@ -107,18 +106,11 @@ class ThreadLink:
 
     def send_weights(self, policy, weights: dict | None = None, async_op: bool = False):
         weights = policy.export_weights() if weights is None else weights
-        flat = torch.cat([w.float().reshape(-1) for w in weights.values()]).to(self.device)  # [P] fp32
-        self.weights.put(flat)
+        self.weights.put(flatten(weights).to(self.device))  # [P] fp32
         return _Done()
 
     def receive_weights_into(self, engine, model_cfg, device: str) -> None:
-        flat = self._get(self.weights)
-        out, offset = {}, 0
-        for name, shape in expected_shapes(model_cfg).items():
-            size = int(torch.Size(shape).numel())
-            out[name] = flat[offset:offset + size].view(shape)
-            offset += size
-        engine.update_weights(for_engine(engine, out))
+        engine.update_weights(for_engine(engine, unflatten(self._get(self.weights), model_cfg)))
 
     def fail(self, error: BaseException) -> None:
         """The engine thread's last act when it fails: the trainer's next recv raises it."""

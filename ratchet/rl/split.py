@@ -1,6 +1,7 @@
 """Split GRPO (`ratchet train_split`): the engine apart from the trainer (its own process, or a
-thread of the trainer's on one GPU: ratchet/rl/link.py), one batch ahead, with partial rollouts; tokens drawn by older weights take the engine's log-probs as "old", so the
-PPO ratio is the importance ratio to the policy that drew them (the paper has no such lag)."""
+thread of the trainer's on one GPU: ratchet/rl/link.py), one batch ahead, with partial
+rollouts; tokens drawn by older weights take the engine's log-probs as "old", so the PPO ratio
+is the importance ratio to the policy that drew them (the paper has no such lag)."""
 
 from __future__ import annotations
 

@@ -29,6 +29,22 @@ def sync_weights(engine, policy) -> None:
     engine.update_weights(for_engine(engine, policy.export_weights()))
 
 
+def flatten(weights: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The weights as one new flat fp32 tensor [P], in the given (layout's) order: a copy, so
+    the next optimiser step may change the masters while it travels."""
+    return torch.cat([w.float().reshape(-1) for w in weights.values()])
+
+
+def unflatten(flat: torch.Tensor, model_cfg) -> dict[str, torch.Tensor]:
+    """`flatten`'s inverse by the layout: views of `flat` under the engine names."""
+    out, offset = {}, 0
+    for name, shape in expected_shapes(model_cfg).items():
+        size = int(np.prod(shape))
+        out[name] = flat[offset:offset + size].view(shape)
+        offset += size
+    return out
+
+
 class WeightSender:
     """Trainer side of the split broadcast: the masters as one flat fp32 buffer to every other
     rank. Under gloo the buffer is pinned host memory, reused: one device-to-host copy per
@@ -43,8 +59,7 @@ class WeightSender:
     def send(self, src: int = 0, async_op: bool = False, weights: dict | None = None):
         """Send `weights` (default: the policy's masters, in the layout's order)."""
         weights = self.policy.export_weights() if weights is None else weights
-        # a new tensor (cat copies), so the next optimiser step may change the masters
-        flat = torch.cat([w.float().reshape(-1) for w in weights.values()])  # [P] fp32
+        flat = flatten(weights)  # [P] fp32
         if self.nccl and not flat.is_cuda:
             flat = flat.cuda()
         elif not self.nccl and flat.is_cuda:
@@ -62,8 +77,7 @@ class WeightReceiver:
     then one host-to-device copy) and rounds it into its buffers in one launch."""
 
     def __init__(self, model_cfg, device: str = "cpu", group=None):
-        self.shapes = expected_shapes(model_cfg)
-        self.group = group
+        self.model_cfg, self.group = model_cfg, group
         n, on_gpu = num_parameters(model_cfg), torch.device(device).type == "cuda"
         nccl = torch.distributed.is_initialized() and torch.distributed.get_backend(group) == "nccl"
         self.wire = torch.empty(n, dtype=torch.float32, device=device if nccl else "cpu",
@@ -74,12 +88,7 @@ class WeightReceiver:
         torch.distributed.broadcast(self.wire, src=src, group=self.group)
         if self.flat is not self.wire:
             self.flat.copy_(self.wire)  # from pinned memory: synchronous, done on return
-        out, offset = {}, 0
-        for name, shape in self.shapes.items():
-            size = int(np.prod(shape))
-            out[name] = self.flat[offset:offset + size].view(shape)
-            offset += size
-        return out
+        return unflatten(self.flat, self.model_cfg)
 
     def receive_into(self, engine, src: int = 0) -> None:
         engine.update_weights(for_engine(engine, self.receive(src)))
