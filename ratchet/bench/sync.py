@@ -15,6 +15,19 @@ from ratchet.model import safetensors_io
 SYNC_WARMUP, SYNC_REPEATS = 5, 15
 
 
+def _copy_events_ms(backend, weight_sync, items) -> float:
+    """One WeightSync.copy of `items`, CUDA events on the engine's stream: median after warm-up."""
+    ev = Events()
+    for i in range(SYNC_WARMUP + SYNC_REPEATS):
+        with backend.stream:
+            if i < SYNC_WARMUP:
+                weight_sync.copy(items)
+                continue
+            with ev.time(backend.stream):
+                weight_sync.copy(items)
+    return float(np.median(ev.ms))
+
+
 def compare_kernels(backend, items) -> dict[str, float]:
     """Each conversion kernel on the same sync (CUDA events, medians), and torch's own
     fp32 -> 16-bit copy of one flat tensor of as many values: the ceiling of an element-wise
@@ -24,27 +37,16 @@ def compare_kernels(backend, items) -> dict[str, float]:
     from ratchet.engine.cuda import sync
 
     K = sync.SyncKernel
-    kernels = {"search": sync.SEARCH, "default": sync.DEFAULT_KERNEL,
+    kernels = {"search": sync.SEARCH, "default (table-8192-per-chunk-plain)": sync.DEFAULT_KERNEL,
                "table-8192": K("table", 8192, 4), "table-8192-plain": K("table", 8192, 4, stream=False),
                "table-8192-per-chunk": K("table", 8192, 4, per_chunk=True),
-               "table-8192-per-chunk-plain": K("table", 8192, 4, stream=False, per_chunk=True),
                "table-4096-per-chunk": K("table", 4096, 4, per_chunk=True),
                "table-4096-per-chunk-plain": K("table", 4096, 4, stream=False, per_chunk=True),
                "table-2048-per-chunk": K("table", 2048, 8, per_chunk=True),
                "table-2048-per-chunk-plain": K("table", 2048, 8, stream=False, per_chunk=True),
                "table-1024-per-chunk-plain": K("table", 1024, 8, stream=False, per_chunk=True)}
-    out = {}
-    for name, kernel in kernels.items():
-        ws = sync.WeightSync(backend.weights, backend.dtype, kernel=kernel)
-        ev = Events()
-        for i in range(SYNC_WARMUP + SYNC_REPEATS):
-            with backend.stream:
-                if i < SYNC_WARMUP:
-                    ws.copy(items)
-                    continue
-                with ev.time(backend.stream):
-                    ws.copy(items)
-        out[name] = float(np.median(ev.ms))
+    out = {name: _copy_events_ms(backend, sync.WeightSync(backend.weights, backend.dtype, kernel=kernel), items)
+           for name, kernel in kernels.items()}
     n = sum(int(t.numel()) for _, t in items)
     flat = torch.randn(n, device="cuda")
     half = torch.empty(n, device="cuda", dtype=torch.float16 if backend.dtype == "fp16" else torch.bfloat16)
@@ -78,15 +80,7 @@ def bench_sync(backend, weights_torch: dict) -> dict:
            "inplace_GBps (fp32 read + 16-bit write)": n_params * (4 + backend.storage.itemsize) / inplace / 1e9}
     # the conversion kernel alone (one launch over every tensor), CUDA events on the engine's stream
     items = list(weights_torch.items())
-    ev = Events()
-    for i in range(SYNC_WARMUP + SYNC_REPEATS):
-        with backend.stream:
-            if i < SYNC_WARMUP:
-                backend.weight_sync.copy(items)
-                continue
-            with ev.time(backend.stream):
-                backend.weight_sync.copy(items)
-    kernel_ms = float(np.median(ev.ms))
+    kernel_ms = _copy_events_ms(backend, backend.weight_sync, items)
     out.update({"inplace_events_ms (WeightSync.copy call, GPU clock)": kernel_ms,
                 "inplace_events_TBps": n_params * (4 + backend.storage.itemsize) / (kernel_ms * 1e-3) / 1e12})
     out["kernels_events_ms"] = compare_kernels(backend, items)
