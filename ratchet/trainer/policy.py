@@ -179,23 +179,23 @@ class Policy(nn.Module):
         fused kernel; the pads' own hidden states differ, and nothing reads them."""
         if attention not in ATTENTION:
             raise ValueError(f"attention {attention!r} is not one of {ATTENTION}")
+        cos, sin = self.rope(input_ids.shape[1], input_ids.device)
+        mask = None if attention == "causal" else self.attention_mask(input_ids, attention_mask)[:, None]
+        x = self.embed(input_ids)
+        for layer in self.layers:
+            x = layer(x, cos, sin, mask)
+        return self.norm(x)
+
+    @staticmethod
+    def attention_mask(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """[B, T, T] bool: causal within each row's real tokens."""
         b, t = input_ids.shape
-        cos, sin = self.rope(t, input_ids.device)
-        if attention == "causal":
-            x = self.embed(input_ids)
-            for layer in self.layers:
-                x = layer(x, cos, sin, None)
-            return self.norm(x)
         if attention_mask is None:
             attention_mask = torch.ones(b, t, dtype=torch.bool, device=input_ids.device)
         causal = torch.tril(torch.ones(t, t, dtype=torch.bool, device=input_ids.device))
         # A pad query still sees itself, so no row of the mask is empty (which would give NaN).
         diagonal = torch.eye(t, dtype=torch.bool, device=input_ids.device)
-        mask = (causal & attention_mask.bool()[:, None, :]) | diagonal  # [B, T, T]
-        x = self.embed(input_ids)
-        for layer in self.layers:
-            x = layer(x, cos, sin, mask[:, None])
-        return self.norm(x)
+        return (causal & attention_mask.bool()[:, None, :]) | diagonal
 
     # ------------------------------------------------------------------ RL
     def token_logprobs(self, prompts: list[list[int]], responses: list[list[int]],
