@@ -98,6 +98,14 @@ class RunPaths:
         return self.ablate / "decompose.png"
 
     @property
+    def decompose_vllm_table(self) -> Path:
+        return self.ablate / "decompose_vllm.parquet"
+
+    @property
+    def decompose_vllm_figure(self) -> Path:
+        return self.ablate / "decompose_vllm.png"
+
+    @property
     def visibility_table(self) -> Path:
         return self.ablate / "visibility.parquet"
 

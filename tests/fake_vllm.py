@@ -26,6 +26,7 @@ class RequestOutputKind(enum.Enum):
 class SamplingParams:
     temperature: float = 1.0
     max_tokens: int | None = 16
+    min_tokens: int = 0
     seed: int | None = None
     logprobs: int | None = None
     prompt_logprobs: int | None = None
@@ -101,6 +102,9 @@ class FakeLLMEngine:
         self.live[request_id] = {"prompt": ids, "params": params, "out": []}
         return request_id
 
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.live)
+
     def abort_request(self, request_ids: list[str], internal: bool = False) -> None:
         for request_id in request_ids:
             self.aborted.append(request_id)
@@ -150,7 +154,7 @@ class FakeLLM:
 
 def install(monkeypatch) -> types.ModuleType:
     module = types.ModuleType("vllm")
-    module.LLM, module.SamplingParams = FakeLLM, SamplingParams
+    module.LLM, module.SamplingParams, module.__version__ = FakeLLM, SamplingParams, "fake"
     sampling = types.ModuleType("vllm.sampling_params")
     sampling.SamplingParams, sampling.RequestOutputKind = SamplingParams, RequestOutputKind
     module.sampling_params = sampling

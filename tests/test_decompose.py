@@ -172,3 +172,26 @@ def test_exact_fix_run_trains_like_the_fix_with_no_gap(tiny):
     final = runs.set_index("run")
     assert final.loc["exact", "final_gap_max"] == 0.0 < final.loc["fix", "final_gap_max"]
     assert bool(final.loc["exact", "exact_forward"]) and not bool(final.loc["fix", "exact_forward"])
+
+
+def test_vllm_beside_the_engine_on_the_same_masters_leaves_the_engines_rows_unchanged(tiny, monkeypatch):
+    import fake_vllm
+
+    vllm = fake_vllm.install(monkeypatch)
+    vocab = tiny.model.cfg.vocab_size
+
+    class TinyVocabLLM(fake_vllm.FakeLLM):  # the fake draws tokens the tiny model has
+        def __init__(self, model="", **kwargs):
+            super().__init__(model, vocab=vocab, **kwargs)
+
+    vllm.LLM = TinyVocabLLM
+    settings = ablate_settings(**{**SETTINGS, "updates": (0, 1), "engine_dtypes": ("fp16",)})
+    both = along_updates(tiny, settings, visibility_updates=0, backends=("numpy", "vllm"))[0]
+    alone = decomposition(tiny, settings)
+    assert list(dict.fromkeys(both["backend"])) == ["numpy", "vllm"]
+    ours = both[both["backend"] == "numpy"].drop(columns="backend").reset_index(drop=True)
+    pd.testing.assert_frame_equal(ours, alone.reset_index(drop=True))  # vLLM beside it changes nothing
+    theirs = both[both["backend"] == "vllm"]
+    assert list(theirs["source"]) == list(SOURCES) * 2 and (theirs["num_tokens"] > 0).all()
+    [llm] = [i for i in fake_vllm.FakeLLM.instances if isinstance(i, TinyVocabLLM)]
+    assert len(llm.model.loaded) == 2  # synced from the masters at each measured update count

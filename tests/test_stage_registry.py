@@ -21,7 +21,7 @@ NOT_STAGES = {"all", "resolved_config"}  # the target, and the config dump (`rat
 def _dry_run(workdir: Path) -> dict[str, dict[str, set[str]]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RATCHET_", "MLFLOW_"))}
     proc = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"),
-                           "--directory", str(workdir), "-n", "--cores", "1", "--", "all", "bench", "ablate_learning",
+                           "--directory", str(workdir), "-n", "--cores", "1", "--", "all", "bench", "ablate_learning", "ablate_decompose_vllm",
                            "resolved_config"], capture_output=True, text=True, env={**env, "RATCHET_TRACKING": "off"},
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

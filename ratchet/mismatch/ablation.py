@@ -106,16 +106,19 @@ class Setup:
     batch_invariant: bool = True
     vllm_options: dict | None = None  # the `engine.vllm` section (backend vllm)
 
-    def engine(self, dtype: str, weights=None):
-        """A fresh engine of `dtype` on `weights` (the converted ones by default), rounded."""
+    def engine(self, dtype: str, weights=None, backend: str | None = None):
+        """A fresh engine of `dtype` on `weights` (the converted ones by default), rounded, on
+        `backend` (the setup's by default; vLLM has no batch-invariant mode)."""
         from ratchet.engines import make_engine
         from ratchet.model.dtypes import round_to
         from ratchet.model.io import EngineModel
 
+        backend = backend or self.backend
         weights = self.model.weights if weights is None else weights
         model = EngineModel(self.model.cfg, {k: round_to(v, dtype) for k, v in weights.items()}, dtype)
-        return make_engine(model, backend=self.backend, max_batch_size=self.max_batch_size,
-                           max_seq_len=self.max_seq_len, batch_invariant=self.batch_invariant,
+        return make_engine(model, backend=backend, max_batch_size=self.max_batch_size,
+                           max_seq_len=self.max_seq_len,
+                           batch_invariant=self.batch_invariant and backend != "vllm",
                            vllm_options=self.vllm_options)
 
 

@@ -70,15 +70,21 @@ def measure_sources(policy, engine, prompts: list[list[int]], max_new_tokens: in
 
 def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibility=None,
                   visibility_updates: int | None = None,
-                  measure_at: tuple[int, ...] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+                  measure_at: tuple[int, ...] | None = None,
+                  backends: tuple[str, ...] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(decomposition, visibility) along one plain GRPO run: every update up to
     `visibility_updates` is counted as it happens, the sources measured after each count in
-    `measure_at` (defaults from `settings`; 0 and () for none), each reported to its `log`."""
+    `measure_at` (defaults from `settings`; 0 and () for none), each reported to its `log`.
+    `backends`: measure the same masters on each of these engines (e.g. the setup's and
+    vLLM), rows tagged with a `backend` column; None: the setup's engine alone, untagged."""
     if visibility_updates is None:
         visibility_updates = settings.visibility_updates
     measure_at = settings.updates if measure_at is None else tuple(measure_at)
     traj = Trajectory(setup, settings.grpo("none"))
-    engines = {dtype: setup.engine(dtype) for dtype in settings.engine_dtypes} if measure_at else {}
+    tagged = backends is not None
+    engines = {(backend, dtype): setup.engine(dtype, backend=backend)
+               for backend in (backends or (setup.backend,)) for dtype in settings.engine_dtypes} \
+        if measure_at else {}
     decompose_rows, visibility_rows = [], []
     before = None
     for update in range(max((*measure_at, visibility_updates)) + 1):
@@ -93,8 +99,9 @@ def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibili
             before = after
         if update in measure_at:
             found = []
-            for dtype, engine in engines.items():
-                found += [{"updates": update, "steps": traj.step, **r} for r in
+            for (backend, dtype), engine in engines.items():
+                found += [{"updates": update, "steps": traj.step, **({"backend": backend} if tagged else {}), **r}
+                          for r in
                           measure_sources(traj.policy, engine, setup.measure_prompts,
                                           settings.max_new_tokens, settings.seed + 1,
                                           settings.temperature, settings.eps, settings.micro_batch_size)]

@@ -122,6 +122,45 @@ def ablate_decompose(cfg: dict, run) -> None:
     write_ablation(run, vis, paths.visibility_table, paths.visibility_figure, visibility_figure)
 
 
+def ablate_decompose_vllm(cfg: dict, run) -> None:
+    """ablate_decompose's sources measured on vLLM beside ratchet's engine: both synced from
+    the same masters after each update count of one GRPO run (sampled by ratchet's engine),
+    each scored on its own fresh rollouts. vLLM's `exact` is its prompt log-probabilities
+    (prefill) of its own sampled tokens: how far its sampling is from its own replay."""
+    from ratchet.mismatch.decompose import along_updates
+    from ratchet.report.figures import decomposition_figure
+
+    paths = RunPaths.from_config(cfg)
+    setup, settings = make_setup(cfg)
+    if setup.backend == "vllm":
+        raise ValueError("ablate_decompose_vllm: engine.backend is the run's own engine (the GRPO "
+                         "trajectory's, numpy or cuda); vLLM is measured beside it")
+    start = time.perf_counter()
+    progress = Progress("ablate_decompose_vllm", max(settings.updates), unit="update")
+
+    def log(updates, rows):
+        progress.update(updates)
+        for r in rows:
+            print(f"[ablate_decompose_vllm] {updates:3d} updates  {r['backend']:5s} {r['engine_dtype']} "
+                  f"{r['source']:16s} mean {r['abs_diff_mean']:.2e}  max {r['abs_diff_max']:.2e}", flush=True)
+            variant = run.variant(f"{r['backend']}/{r['engine_dtype']}/{r['source']}",
+                                  {"backend": r["backend"], "engine_dtype": r["engine_dtype"], "source": r["source"]})
+            variant.log_metrics({"mismatch/logprob_abs_diff_mean": r["abs_diff_mean"],
+                                 "mismatch/logprob_abs_diff_max": r["abs_diff_max"],
+                                 "mismatch/kl_k3": r["kl_k3"]}, step=updates)
+
+    frame, _ = along_updates(setup, settings, log=log, visibility_updates=0,
+                             backends=(setup.backend, "vllm"))
+    run.log_metrics({"time/decompose_vllm_s": time.perf_counter() - start})
+    write_ablation(run, frame, paths.decompose_vllm_table, paths.decompose_vllm_figure,
+                   lambda f, path: decomposition_figure(
+                       f.assign(engine_dtype=f["backend"].map(ENGINE_NAMES).fillna(f["backend"])
+                                + " " + f["engine_dtype"]), path))
+
+
+ENGINE_NAMES = {"vllm": "vLLM", "cuda": "ratchet", "numpy": "ratchet (numpy)"}
+
+
 # ---------------------------------------------------------------------------- fix
 # fix_runs' per-step columns -> the metric names of the training runs
 FIX_METRICS = {"reward": "train/reward", "num_tokens": "train/num_tokens", "updates": "train/num_updates_total",

@@ -66,6 +66,11 @@ STAGES: dict[str, Stage] = {
                               reads=_prepared,
                               writes=lambda p: [p.decompose_table, p.decompose_figure,
                                                 p.visibility_table, p.visibility_figure]),
+    "ablate_decompose_vllm": Stage("ratchet.stages.ablate", ("data", "engine", "ablate"),
+                                   "the gap by source on ratchet's engine and on vLLM, the same masters "
+                                   "along one GRPO run (needs vLLM and a GPU; not part of `all`)",
+                                   reads=_prepared,
+                                   writes=lambda p: [p.decompose_vllm_table, p.decompose_vllm_figure]),
     "ablate_fix": Stage("ratchet.stages.ablate", ("data", "engine", "eval", "ablate"),
                         "GRPO with no correction, the fix, the exact fix, TIS and MIS from the same seeds",
                         reads=_prepared, writes=lambda p: [p.fix_table, p.fix_steps, p.fix_figure]),

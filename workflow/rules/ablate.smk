@@ -64,6 +64,30 @@ rule ablate_fix:
         ratchet_cmd("ablate_fix")
 
 
+# vLLM beside ratchet's engine on the same masters (engine.backend vllm's extra): on demand,
+# `snakemake ablate_decompose_vllm`, never part of `all`.
+rule ablate_decompose_vllm:
+    input:
+        build=rules.build_engine.output.build,
+        train=rules.download_data.output.train,
+        test=rules.download_data.output.test,
+    output:
+        table=P.decompose_vllm_table,
+        figure=P.decompose_vllm_figure,
+    params:
+        settings=stage_settings("ablate_decompose_vllm"),
+    resources:
+        gpu_jobs=1,
+    conda:
+        "../envs/ratchet.yaml"
+    log:
+        P.log("ablate_decompose_vllm"),
+    benchmark:
+        P.benchmark("ablate_decompose_vllm")
+    shell:
+        ratchet_cmd("ablate_decompose_vllm")
+
+
 rule ablate_gradient:
     input:
         build=rules.build_engine.output.build,

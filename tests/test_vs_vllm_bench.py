@@ -1,0 +1,69 @@
+"""The vLLM side-by-side bench (ratchet/bench/vs_vllm.py) on the CPU: ratchet's NumPy engine
+beside the fake vLLM (tests/fake_vllm.py), so that its sections run before a GPU does."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import fake_vllm
+from ratchet.bench import vs_vllm
+from ratchet.engines import make_engine
+from random_model import FakeModel, random_weights
+from test_engine import tiny_config
+
+
+@pytest.fixture
+def model():
+    cfg = tiny_config(False, eos_token_ids=[])
+    return FakeModel(cfg, random_weights(cfg, seed=5, dtype="fp16"), "fp16")
+
+
+@pytest.fixture
+def vllm_engine(monkeypatch, model):
+    fake_vllm.FakeLLM.instances.clear()
+    fake_vllm.install(monkeypatch)
+    return make_engine(model, backend="vllm", max_batch_size=8, max_seq_len=64, eos_ids=[])
+
+
+def test_decode_times_both_engines_on_the_same_prompts(model, vllm_engine):
+    out = vs_vllm.bench_decode(model, vllm_engine.llm, batches=(4,), prompt_len=5, new_tokens=6, backend="numpy")
+    row = out["b4"]
+    assert row["ratchet"]["step_ms_median"] > 0 and row["vllm_seeded"]["step_ms_median"] > 0
+    added = vllm_engine.llm.llm_engine.added
+    assert len(added) == 8 and [a[1] for a in added[:4]] == [a[1] for a in added[4:]]  # same prompts both ways
+    assert [a[2].seed is None for a in added] == [False] * 4 + [True] * 4
+    assert all(a[2].max_tokens == a[2].min_tokens == 6 and a[2].logprobs == 0 for a in added)
+
+
+def test_update_hands_vllm_every_tensor(model, vllm_engine):
+    out = vs_vllm.bench_update(model, vllm_engine, repeats=2, backend="numpy")
+    assert out["params"] == sum(np.size(w) for w in model.weights.values())
+    loaded = vllm_engine.llm.model.loaded
+    assert len(loaded) == 3 and out["ratchet_ms_median"] > 0 and out["vllm_ms_median"] > 0
+
+
+def test_sensitivity_is_zero_for_a_batch_invariant_engine_and_seen_otherwise(model):
+    engine = make_engine(model, backend="numpy", max_batch_size=8, max_seq_len=64)
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, model.cfg.vocab_size, 4).tolist() for _ in range(6)]
+    answers = [rng.integers(0, model.cfg.vocab_size, 5).tolist() for _ in range(6)]
+    same = vs_vllm.sensitivity(engine, prompts, answers, targets=2, sizes=(6,))
+    assert same["tokens"] == 10 and same["batch_6"] == {"changed_share": 0.0, "max_abs_change": 0.0}
+
+    class BatchDependent:  # a row's value moves with the batch it is scored in
+        def score(self, prompts, answers, temperature, batch_size):
+            return [[-1.0 - 1e-3 * (len(prompts) > 1) * (j % 2) for j in range(len(a))] for a in answers]
+
+    moved = vs_vllm.sensitivity(BatchDependent(), prompts, answers, targets=2, sizes=(6,))
+    assert moved["batch_6"]["changed_share"] == pytest.approx(0.4)
+    assert moved["batch_6"]["max_abs_change"] == pytest.approx(1e-3)
+
+
+def test_headline_reads_the_sections_and_leaves_missing_ones_empty():
+    res = {"eval": {"speedup_vs_vllm": 2.5, "ratchet": {"wall_s": 10.0}},
+           "decode": {"b64": {"speedup_vs_vllm_seeded": 4.0, "ratchet": {"step_ms_median": 1.0}}},
+           "update": {"error": "RuntimeError: x"}}
+    h = vs_vllm.headline(res)
+    assert h["eval_speedup_vs_vllm"] == 2.5 and h["decode_b64_speedup_vs_vllm"] == 4.0
+    assert h["ratchet_decode_b64_ms"] == 1.0 and h["update_speedup_vs_vllm"] is None and h["vllm_eval_s"] is None
