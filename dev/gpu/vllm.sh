@@ -11,6 +11,11 @@
 # then, carry=[".cache/vllm/SHA256"] or nothing:
 #   bash dev/gpu/vllm.sh install         # join, sha256sum -c, untar, pip install --target /tmp/vsite
 #   bash dev/gpu/vllm.sh test            # pytest -m gpu tests/test_vllm_gpu.py (~140 s of start-up)
+# and, with the model chunks assembled (dev/gpu/assemble-model.sh) and .cache/gsm8k carried:
+#   bash dev/gpu/vllm.sh bench           # python -m ratchet.bench.vs_vllm (h200-vllm.json)
+#   bash dev/gpu/vllm.sh decompose ablate.engine_dtypes=[fp16]   # ablate_decompose_vllm
+#   VARIANTS=split:fp16 GRPO_SET=train.micro_batch_size=64 bash dev/gpu/vllm.sh trl
+#                                        # dev.trl_grpo (TRL + vLLM), then dev.grpo_step, one call
 set -euo pipefail
 source dev/gpu/env.sh
 v=/root/v site=/tmp/vsite
@@ -39,7 +44,39 @@ install)
 test)
   python3 -m pytest -m gpu -q -s -p no:cacheprovider tests/test_vllm_gpu.py "${@:2}"
   ;;
+bench)  # ratchet.bench.vs_vllm on the local profile: $OUT/vllm/h200-vllm.json
+  source dev/gpu/detached.sh && inputs_in_place || exit 1
+  mkdir -p /root/data && cp -r .cache/gsm8k /root/data/ 2>/dev/null
+  mkdir -p "$OUT/vllm" && export RATCHET_TRACKING=off
+  python3 -m ratchet.bench.vs_vllm --config config/local.yaml --out "$OUT/vllm/h200-vllm.json" "${@:2}" \
+    > "$OUT/vllm/vs_vllm.txt" 2>&1; rc=$?
+  grep "^\[vs_vllm\]" "$OUT/vllm/vs_vllm.txt"; tail -5 "$OUT/vllm/vs_vllm.txt"; exit $rc
+  ;;
+decompose)  # ablate_decompose_vllm on the local profile (fp16 engine): $OUT/vllm/decompose_vllm.*
+  source dev/gpu/detached.sh && inputs_in_place || exit 1
+  mkdir -p /root/data && cp -r .cache/gsm8k /root/data/ 2>/dev/null
+  mkdir -p "$OUT/vllm" && export RATCHET_TRACKING=off
+  for stage in build_engine ablate_decompose_vllm; do
+    python3 -m ratchet "$stage" --config config/local.yaml "${@:2}" >> "$OUT/vllm/decompose_vllm.txt" 2>&1 || {
+      tail -30 "$OUT/vllm/decompose_vllm.txt"; exit 1; }
+  done
+  cp results/local/ablate/decompose_vllm.* "$OUT/vllm/"
+  grep "^\[ablate_decompose_vllm\]" "$OUT/vllm/decompose_vllm.txt" | tail -40
+  ;;
+trl)  # TRL's GRPOTrainer with vLLM colocated, then ratchet's step, in one call: $OUT/trl/
+  source dev/gpu/detached.sh && inputs_in_place || exit 1
+  mkdir -p /root/data && cp -r .cache/gsm8k /root/data/ 2>/dev/null
+  mkdir -p "$OUT/trl" && export RATCHET_TRACKING=off
+  python3 -m dev.trl_grpo --config config/local.yaml --steps "${TRL_STEPS:-20}" --out "$OUT/trl/trl.json" \
+    > "$OUT/trl/trl.txt" 2>&1 || { tail -40 "$OUT/trl/trl.txt"; }
+  grep "^\[trl_grpo\]" "$OUT/trl/trl.txt" | tail -4
+  if [ -n "${VARIANTS:-}" ]; then
+    python3 -m dev.grpo_step --config config/local.yaml --steps "${STEPS:-100}" --variants "$VARIANTS" \
+      ${GRPO_SET:+--set "$GRPO_SET"} --out "$OUT/trl/grpo-step.json" > "$OUT/trl/grpo-step.txt" 2>&1
+    grep "^\[grpo_step\]" "$OUT/trl/grpo-step.txt"; tail -3 "$OUT/trl/grpo-step.txt"
+  fi
+  ;;
 *)
-  echo "unknown step $1 (stage, install or test)"; exit 2
+  echo "unknown step $1 (stage, install, test, bench, decompose or trl)"; exit 2
   ;;
 esac
