@@ -132,15 +132,20 @@ def test_copy_many_odd_sizes_misaligned_sources(kernel):
 # ways at the first one that flips). The engine's own arithmetic (teacher forcing through its
 # kernels, ratchet/engine/score.py) is what matches: test_batch_invariant_engine_replays_...
 DLOGP_BOUND = {("fp16", "hf"): 1.5e-3, ("fp16", "spread"): 1e-2, ("fp32", "hf"): 1e-4, ("fp32", "spread"): 1e-4}
+# Coder-1.5B's shapes (hidden 1536, head_dim 128, 28 layers, untied head): the fp16 engine's
+# activations leave a larger gap than at 0.5B, 2.35e-3 on the H200 (16,384 tokens, "hf"),
+# while the fp32 engine agrees with the trainer to 6.0e-6 (the kernels are right at these
+# shapes). The bound keeps ~50% margin over the measurement, as at 0.5B.
+DLOGP_BOUND_15B = {("fp16", "hf"): 3.5e-3, ("fp32", "hf"): 1e-4}
 
 
 @pytest.mark.parametrize("shape,dtype,init", [("qwen2.5-0.5b", *k) for k in DLOGP_BOUND]
-                         + [("qwen2.5-coder-1.5b", "fp16", "hf"), ("qwen2.5-coder-1.5b", "fp32", "hf")])
+                         + [("qwen2.5-coder-1.5b", *k) for k in DLOGP_BOUND_15B])
 def test_engine_vs_trainer_real_shapes(shape, dtype, init):
     """>= 16,000 tokens sampled by the engine (fp16, or fp32) scored by the trainer on the
     engine's weights (fp16-rounded, or fp32; fp32 compute): mean |logp_engine - logp_trainer|
-    under DLOGP_BOUND. The 1.5B shapes (head_dim 128, 6 query heads a kv head, untied head,
-    28 layers) hold the 0.5B bounds: calibrated on 0.5B only, to be confirmed on the GPU."""
+    under DLOGP_BOUND (DLOGP_BOUND_15B at the 1.5B shapes: head_dim 128, 6 query heads a kv
+    head, untied head, 28 layers)."""
     import torch
 
     from ratchet.bench.workload import SHAPES
@@ -195,4 +200,4 @@ def test_engine_vs_trainer_real_shapes(shape, dtype, init):
     print(f"\nengine {dtype} vs trainer ({dtype} weights, fp32 compute), init {init}: {d.size} tokens, "
           f"mean |dlogp| {d.mean():.3g}, max {d.max():.3g}, mean logp {engine_flat.mean():.3f}")
     assert d.size >= 16000
-    assert d.mean() <= DLOGP_BOUND[dtype, init]
+    assert d.mean() <= (DLOGP_BOUND_15B if shape == "qwen2.5-coder-1.5b" else DLOGP_BOUND)[dtype, init]

@@ -142,7 +142,7 @@ def bench_update(model, vllm_engine, repeats: int = 5, backend: str = "cuda") ->
     masters = {k: torch.as_tensor(np.asarray(v, dtype=np.float32), device=device) for k, v in model.weights.items()}
     if device == "cpu":
         masters = {k: v.numpy() for k, v in masters.items()}
-    out = {"params": int(sum(np.size(t) for t in masters.values()))}
+    out = {"params": int(sum(t.numel() if hasattr(t, "numel") else t.size for t in masters.values()))}
     for name, target in (("ratchet", engine), ("vllm", vllm_engine)):
         times = []
         for _ in range(repeats + 1):
