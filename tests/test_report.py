@@ -186,3 +186,21 @@ def test_the_summary_is_also_a_page_with_real_tables():
     page = summary_html("# run\n\n| a | b |\n|---|---|\n| 1 | 2 |\n", "tiny")
     assert "<table>" in page and "<th>a</th>" in page and "<td>2</td>" in page
     assert page.startswith("<!DOCTYPE html>") and "<title>ratchet tiny</title>" in page
+
+
+def test_vllm_beside_ratchet_shows_in_the_report_only_once_its_table_is_there(tmp_path):
+    cfg = validate({"results_dir": str(tmp_path)})
+    paths = RunPaths.from_config(cfg)
+    report(cfg, FakeRun())
+    assert "vLLM beside ratchet's engine" not in paths.report_summary.read_text()
+    both = pd.concat([decompose_frame().assign(backend=b) for b in ("cuda", "vllm")], ignore_index=True)
+    both = both[both["engine_dtype"] == "fp16"]
+    both.loc[both["backend"] == "vllm", "abs_diff_mean"] *= 1.5
+    both.to_parquet(paths.decompose_vllm_table)
+    figures.decomposition_figure(tables.by_engine(both), paths.decompose_vllm_figure)
+    report(cfg, FakeRun())
+    text = paths.report_summary.read_text()
+    assert "### vLLM beside ratchet's engine" in text and "(../ablate/decompose_vllm.png)" in text
+    wide = tables.decomposition_compact(tables.by_engine(both), "abs_diff_mean")
+    assert {"ratchet fp16 total", "vLLM fp16 total"} <= set(wide.columns)
+    assert np.allclose(wide["vLLM fp16 total"], 1.5 * wide["ratchet fp16 total"])

@@ -312,3 +312,17 @@ def test_score_reads_the_answers_prompt_logprobs(fake):
     assert all(p.prompt_logprobs == 0 and p.max_tokens == 1 for _, _, p in added)
     with pytest.raises(NotImplementedError, match="before temperature"):
         engine.score(prompts, answers, temperature=0.7)
+
+
+def test_vllm_compiled_under_the_trainers_deterministic_mode_is_refused_before_it_starts(fake):
+    import torch
+
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        with pytest.raises(ValueError, match="engine.vllm.enforce_eager=true"):
+            engine_on_fake(fake)
+        assert not fake_vllm.FakeLLM.instances  # refused before vLLM was started
+        assert engine_on_fake(fake, vllm_options={"enforce_eager": True}).llm.kwargs["enforce_eager"] is True
+    finally:
+        torch.use_deterministic_algorithms(was)

@@ -37,6 +37,7 @@ class ReportInputs:
     train: dict[str, pd.DataFrame | None] = field(default_factory=dict)  # mode -> metrics
     verify: dict | None = None  # the rerun check (verify/repro.json)
     decompose: pd.DataFrame | None = None
+    decompose_vllm: pd.DataFrame | None = None  # ablate_decompose_vllm (on demand, not part of `all`)
     visibility: pd.DataFrame | None = None
     fix_steps: pd.DataFrame | None = None
     fix_runs: pd.DataFrame | None = None
@@ -127,6 +128,14 @@ def build_summary(inputs: ReportInputs) -> str:
     else:
         out += ["_decomposition: not run._", ""]
     out += [_figure(inputs, "decompose", "gap by source against updates"), ""]
+    if inputs.decompose_vllm is not None:
+        out += ["### vLLM beside ratchet's engine", "",
+                "The same sources on vLLM and on ratchet's engine, both synced from the same masters "
+                "along one GRPO run, each scored on its own fresh rollouts (`ablate_decompose_vllm`; "
+                "vLLM's `exact` is its prompt log-probabilities of the tokens it sampled).", "",
+                "Mean |difference of log p|:", "",
+                T.markdown(T.decomposition_compact(T.by_engine(inputs.decompose_vllm), "abs_diff_mean")), "",
+                _figure(inputs, "decompose_vllm", "gap by source on ratchet's engine and on vLLM"), ""]
 
     # ---------------------------------------------------------------- visibility
     out += ["## Which updates the engine sees", "",

@@ -162,6 +162,16 @@ def decomposition_compact(frame: pd.DataFrame | None, metric: str = "abs_diff_ma
     return wide.reset_index()
 
 
+ENGINE_NAMES = {"vllm": "vLLM", "cuda": "ratchet", "numpy": "ratchet (numpy)"}
+
+
+def by_engine(frame: pd.DataFrame) -> pd.DataFrame:
+    """ablate_decompose_vllm's rows with `engine_dtype` naming the engine too ("vLLM fp16"), so
+    the decomposition's tables and figure show one column per engine and dtype."""
+    names = frame["backend"].map(ENGINE_NAMES).fillna(frame["backend"])
+    return frame.assign(engine_dtype=names + " " + frame["engine_dtype"])
+
+
 def visibility_table(frame: pd.DataFrame | None, updates=(0, 1, 2, 3, 10, 30)) -> pd.DataFrame | None:
     """One row per selected update: masters moved, engine values changed, off grid, per dtype."""
     if frame is None:

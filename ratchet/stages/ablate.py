@@ -129,6 +129,7 @@ def ablate_decompose_vllm(cfg: dict, run) -> None:
     (prefill) of its own sampled tokens: how far its sampling is from its own replay."""
     from ratchet.mismatch.decompose import along_updates
     from ratchet.report.figures import decomposition_figure
+    from ratchet.report.tables import by_engine
 
     paths = RunPaths.from_config(cfg)
     setup, settings = make_setup(cfg)
@@ -153,12 +154,7 @@ def ablate_decompose_vllm(cfg: dict, run) -> None:
                              backends=(setup.backend, "vllm"))
     run.log_metrics({"time/decompose_vllm_s": time.perf_counter() - start})
     write_ablation(run, frame, paths.decompose_vllm_table, paths.decompose_vllm_figure,
-                   lambda f, path: decomposition_figure(
-                       f.assign(engine_dtype=f["backend"].map(ENGINE_NAMES).fillna(f["backend"])
-                                + " " + f["engine_dtype"]), path))
-
-
-ENGINE_NAMES = {"vllm": "vLLM", "cuda": "ratchet", "numpy": "ratchet (numpy)"}
+                   lambda f, path: decomposition_figure(by_engine(f), path))
 
 
 # ---------------------------------------------------------------------------- fix

@@ -47,7 +47,8 @@ def gather(cfg: dict):
     build = _json(paths.build)
     engine = f"{build['backend']}, {build['dtype']}" if build else cfg["engine"]["dtype"]
     figures = {name: rel(p) if p.is_file() else None for name, p in
-               [("decompose", paths.decompose_figure), ("visibility", paths.visibility_figure),
+               [("decompose", paths.decompose_figure), ("decompose_vllm", paths.decompose_vllm_figure),
+                ("visibility", paths.visibility_figure),
                 ("fix", paths.fix_figure), ("gradient", paths.gradient_figure),
                 ("learning", paths.learning_figure)]}
     return ReportInputs(
@@ -58,6 +59,7 @@ def gather(cfg: dict):
         train={m: _parquet(paths.train_metrics(m)) for m in TRAIN_MODES},
         verify=_json(paths.verify_json),
         decompose=_parquet(paths.decompose_table), visibility=_parquet(paths.visibility_table),
+        decompose_vllm=_parquet(paths.decompose_vllm_table),  # made on demand: read when there
         fix_steps=_parquet(paths.fix_steps), fix_runs=_parquet(paths.fix_table),
         gradient=_parquet(paths.gradient_table),
         learning_runs=_parquet(paths.learning_table), learning_diffs=_parquet(paths.learning_diffs),

@@ -112,6 +112,12 @@ class VllmEngine:
         engine) and start vLLM on it in-process."""
         from ratchet.model.export_hf import export_hf
 
+        if not self.options.enforce_eager and _torch().are_deterministic_algorithms_enabled():
+            raise ValueError(
+                "engine.backend 'vllm': torch.use_deterministic_algorithms is on (the trainer's "
+                "reproducible mode, in training and in the ablations), and vLLM's start-up "
+                "compilation (torch.compile autotuning) refuses to run under it (seen with vLLM "
+                "0.26 on an H200, after ~90 s of start-up); set engine.vllm.enforce_eager=true")
         tmp = Path(tempfile.mkdtemp(prefix="ratchet-vllm-"))
         weakref.finalize(self, shutil.rmtree, tmp, True)
         export_hf(model, tmp / "model", model.dtype, tokenizer_dir=None)
