@@ -48,6 +48,9 @@ bench)  # ratchet.bench.vs_vllm on the local profile: $OUT/vllm/h200-vllm.json
   source dev/gpu/detached.sh && inputs_in_place || exit 1
   mkdir -p /root/data && cp -r .cache/gsm8k /root/data/ 2>/dev/null
   mkdir -p "$OUT/vllm" && export RATCHET_TRACKING=off
+  for stage in download_model download_data convert_weights; do  # the bench's inputs, if missing
+    python3 -m ratchet "$stage" --config config/local.yaml > /dev/null || exit 1
+  done
   python3 -m ratchet.bench.vs_vllm --config config/local.yaml --out "$OUT/vllm/h200-vllm.json" "${@:2}" \
     > "$OUT/vllm/vs_vllm.txt" 2>&1; rc=$?
   grep "^\[vs_vllm\]" "$OUT/vllm/vs_vllm.txt"; tail -5 "$OUT/vllm/vs_vllm.txt"; exit $rc

@@ -213,15 +213,16 @@ def run(config: str, overrides: list[str], sections=SECTIONS) -> dict:
     from ratchet import config as config_mod
     from ratchet.engines import make_engine
     from ratchet.model.io import load_engine_model
+    from ratchet.errors import InputError
     from ratchet.paths import RunPaths
-    from ratchet.stages import run_stage
 
-    os.environ.setdefault("RATCHET_TRACKING", "off")
     cfg = config_mod.load(config, overrides)
     paths = RunPaths.from_config(cfg)
-    if not paths.manifest.is_file():
-        for stage in ("download_model", "download_data", "convert_weights"):
-            run_stage(stage, cfg)
+    missing = [p for p in (paths.manifest, paths.test_data) if not p.is_file()]
+    if missing:
+        raise InputError(f"vs_vllm: {missing[0]} is not there yet; make the converted model and the "
+                         f"data first: snakemake --cores all convert_weights download_data "
+                         f"--configfile {config}")
     e = cfg["engine"]
     model = load_engine_model(paths.model)
     res = {"device": torch.cuda.get_device_name(0), "vllm": vllm.__version__, "torch": torch.__version__,

@@ -157,7 +157,7 @@ class Trajectory:
         groups, _ = self.rollouts.collect(self.engine, self.step, version=self.step)
         # the engine holds the rounded masters: the trainer's weights, for the exact forward
         metrics = grpo_step(self.policy, self.optimizer, groups, self.setup.task, self.cfg,
-                            version=self.step, engine=self.engine)
+                            version=self.step, engine=self.engine, engine_sampled=True)
         sync_weights(self.engine, self.policy)
         metrics.update(after_sync(self.telemetry, self.policy, self.engine, f"[ablate] step {self.step}:"))
         self.step += 1

@@ -65,12 +65,12 @@ def batch_gradient(policy, groups: list, task, cfg: GRPOConfig, engine=None):
     optimiser step); `engine` (exact_forward only) scores the answers. The parameters' .grad
     are left as found."""
     from ratchet.rl.experience import make_experience
-    from ratchet.rl.update import backward_loss
+    from ratchet.rl.update import backward_loss, exact_values
 
     params = list(policy.parameters())
     exp = make_experience(groups, task, cfg, version=0, device=params[0].device)
     if cfg.exact_forward:
-        exp.set_exact(engine.score(exp.prompts, exp.responses, cfg.temperature))
+        exp.exact = exact_values(exp, engine, cfg, engine_sampled=False)  # scored: a measurement
     saved = [p.grad for p in params]
     for p in params:
         p.grad = None

@@ -88,7 +88,8 @@ def colocated_worker(job: Job, rank: int, world: int, port: int | None, log=None
         groups, rollout_stats = rollouts.collect(engine, step, version=step)
         row["time/generate_s"] = timer()
         # ---------------------------------------------------------------- train
-        metrics = grpo_step(policy, optimizer, groups, task, cfg, version=step, comm=comm, engine=engine)
+        metrics = grpo_step(policy, optimizer, groups, task, cfg, version=step, comm=comm, engine=engine,
+                            engine_sampled=True)
         row["time/train_s"] = timer()
         # ---------------------------------------------------------------- sync weights
         sync_weights(engine, policy)

@@ -60,10 +60,6 @@ class Experience:
                    rewards=rewards, response_lengths=np.array([len(r) for r in responses], dtype=np.float64),
                    finish_reasons=list(finish_reasons), group_index=group_index, keep=keep)
 
-    def set_exact(self, values: list[list[float]]) -> None:
-        """The engine's log-probs of the kept answers (in their order): the forward's values."""
-        self.exact = pad(values, self.mask.shape[1], device=self.mask.device)
-
     def forward_values(self, lp: torch.Tensor, rows) -> torch.Tensor:
         """The trainer's log-probs of `rows` ([b, t], with gradient) as the loss sees them:
         lp, or with the exact forward the engine's values and lp's gradient."""

@@ -8,28 +8,42 @@ import torch
 
 from ratchet.gap import gap_metrics
 from ratchet.rl.comm import Comm
-from ratchet.rl.experience import Experience, make_experience
+from ratchet.rl.experience import Experience, make_experience, pad
 from ratchet.rl.loss import correction_weights, policy_loss
 from ratchet.rl.rollout import Group
 from ratchet.rl.settings import GRPOConfig
 
 
 def grpo_step(policy, optimizer, groups: list[Group], task, cfg: GRPOConfig, version: int,
-              comm: Comm | None = None, engine=None) -> dict[str, float]:
+              comm: Comm | None = None, engine=None, engine_sampled: bool = False) -> dict[str, float]:
     """Score the groups, update the fp32 masters, return the step's metrics over all workers.
     `version`: the updates the trainer's weights have seen; `engine` (exact_forward only):
-    an idle engine holding the trainer's current weights, rounded, that scores the answers."""
+    an idle engine holding the trainer's current weights, rounded, that scores the answers;
+    `engine_sampled`: that engine drew the groups (colocated), see `exact_values`."""
     comm = comm or Comm()
     exp = make_experience(groups, task, cfg, version, next(policy.parameters()).device)
-    if cfg.exact_forward:  # only the kept answers: the others are never read; all at once (a
-        # batch-invariant engine gives the same bits in any grouping, and one decode step per
-        # answer token costs the same for 8 answers as for 64)
-        exp.set_exact(engine.score(exp.prompts, exp.responses, cfg.temperature))
+    if cfg.exact_forward:
+        exp.exact = exact_values(exp, engine, cfg, engine_sampled)
     if cfg.num_minibatches > 1:  # the weights move between mini-batches: score all first
         score(policy, exp, cfg)
         exp.old, exp.weights = old_logprobs_and_weights(exp.mask, exp.stale, exp.trainer, exp.engine, cfg)
     totals = update(policy, optimizer, exp, cfg, comm, scored=cfg.num_minibatches > 1)
     return step_metrics(exp, totals, cfg, comm)
+
+
+def exact_values(exp: Experience, engine, cfg: GRPOConfig, engine_sampled: bool) -> torch.Tensor:
+    """The exact forward's values: the engine's log-probs of the kept answers at its current
+    weights, [n, T]. A batch-invariant engine that drew every kept token at those weights
+    (colocated: none stale) already recorded them: teacher forcing replays its sampling-time
+    log-probs bit for bit (the decomposition's `exact` source, 0 on every token), so they are
+    taken as they are. Otherwise (split: drawn one step behind) the engine scores the answers,
+    all at once (the same bits in any grouping; one decode step per answer token costs the
+    same for 8 answers as for 64)."""
+    drawn_now = not bool(exp.stale[exp.mask].any())
+    if engine_sampled and drawn_now and engine.batch_invariant:
+        return exp.engine.clone()
+    values = engine.score(exp.prompts, exp.responses, cfg.temperature)
+    return pad(values, exp.mask.shape[1], device=exp.mask.device)
 
 
 def make_optimizer(policy: torch.nn.Module, cfg: GRPOConfig) -> torch.optim.Optimizer:
