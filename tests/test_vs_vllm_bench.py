@@ -67,3 +67,25 @@ def test_headline_reads_the_sections_and_leaves_missing_ones_empty():
     h = vs_vllm.headline(res)
     assert h["eval_speedup_vs_vllm"] == 2.5 and h["decode_b64_speedup_vs_vllm"] == 4.0
     assert h["ratchet_decode_b64_ms"] == 1.0 and h["update_speedup_vs_vllm"] is None and h["vllm_eval_s"] is None
+
+
+def test_eval_runs_both_engines_through_evaluate_on_the_same_problems(monkeypatch, tmp_path):
+    from tiny_setup import tiny_setup
+
+    setup = tiny_setup(tmp_path, num_test=12, with_eval=True)
+    vllm = fake_vllm.install(monkeypatch)
+    vocab = setup.model.cfg.vocab_size
+
+    class TinyVocabLLM(fake_vllm.FakeLLM):  # the fake draws tokens the tiny tokenizer has
+        def __init__(self, model="", **kwargs):
+            super().__init__(model, vocab=vocab, **kwargs)
+
+    vllm.LLM = TinyVocabLLM
+    theirs = make_engine(setup.model, backend="vllm", max_batch_size=8, max_seq_len=32)
+    inputs = (setup.task.tokenizer, setup.eval_problems, setup.prompt_fn)
+    out = vs_vllm.bench_eval(setup.model, theirs, inputs, 8, 32, 4, backend="numpy")
+    assert out["ratchet"]["n"] == out["vllm"]["n"] == 12
+    assert out["ratchet"]["first_run_same_accuracy"] is True  # the warm run repeats the first
+    assert 0 <= out["identical_answer_share"] <= 1 and out["speedup_vs_vllm"] > 0
+    prompts = [a[1] for a in theirs.llm.llm_engine.added]
+    assert prompts == [setup.prompt_fn(q) for q in setup.eval_problems["question"]]  # the same prompt tokens

@@ -13,7 +13,8 @@
 #   bash dev/gpu/vllm.sh test            # pytest -m gpu tests/test_vllm_gpu.py (~140 s of start-up)
 # and, with the model chunks assembled (dev/gpu/assemble-model.sh) and .cache/gsm8k carried:
 #   bash dev/gpu/vllm.sh bench           # python -m ratchet.bench.vs_vllm (h200-vllm.json)
-#   bash dev/gpu/vllm.sh decompose ablate.engine_dtypes=[fp16]   # ablate_decompose_vllm
+#   bash dev/gpu/vllm.sh decompose 'ablate.engine_dtypes=[fp16]'   # ablate_decompose_vllm
+#   RUN=local-bf16 bash dev/gpu/vllm.sh decompose 'ablate.engine_dtypes=[bf16]'
 #   VARIANTS=split:fp16 GRPO_SET=train.micro_batch_size=64 bash dev/gpu/vllm.sh trl
 #                                        # dev.trl_grpo (TRL + vLLM), then dev.grpo_step, one call
 set -euo pipefail
@@ -55,16 +56,19 @@ bench)  # ratchet.bench.vs_vllm on the local profile: $OUT/vllm/h200-vllm.json
     > "$OUT/vllm/vs_vllm.txt" 2>&1; rc=$?
   grep "^\[vs_vllm\]" "$OUT/vllm/vs_vllm.txt"; tail -5 "$OUT/vllm/vs_vllm.txt"; exit $rc
   ;;
-decompose)  # ablate_decompose_vllm on the local profile (fp16 engine): $OUT/vllm/decompose_vllm.*
+decompose)  # ablate_decompose_vllm on the local profile: $OUT/vllm/<RUN>/decompose_vllm.*
+  # one engine dtype a process (one vLLM start); RUN names its results (RUN=local-bf16 with
+  # ablate.engine_dtypes=[bf16]); vLLM eager: the trajectory's deterministic mode needs it
   source dev/gpu/detached.sh && inputs_in_place || exit 1
   mkdir -p /root/data && cp -r .cache/gsm8k /root/data/ 2>/dev/null
-  mkdir -p "$OUT/vllm" && export RATCHET_TRACKING=off
-  for stage in build_engine ablate_decompose_vllm; do
-    python3 -m ratchet "$stage" --config config/local.yaml "${@:2}" >> "$OUT/vllm/decompose_vllm.txt" 2>&1 || {
-      tail -30 "$OUT/vllm/decompose_vllm.txt"; exit 1; }
+  run=${RUN:-local} && mkdir -p "$OUT/vllm/$run" && export RATCHET_TRACKING=off
+  log="$OUT/vllm/$run/decompose_vllm.txt"
+  for stage in download_model download_data convert_weights build_engine ablate_decompose_vllm; do
+    python3 -m ratchet "$stage" --config config/local.yaml run_name="$run" engine.vllm.enforce_eager=true \
+      "${@:2}" >> "$log" 2>&1 || { tail -30 "$log"; exit 1; }
   done
-  cp results/local/ablate/decompose_vllm.* "$OUT/vllm/"
-  grep "^\[ablate_decompose_vllm\]" "$OUT/vllm/decompose_vllm.txt" | tail -40
+  cp "results/$run/ablate/"decompose_vllm.* "$OUT/vllm/$run/"
+  grep "^\[ablate_decompose_vllm\]" "$log" | tail -40
   ;;
 trl)  # TRL's GRPOTrainer with vLLM colocated, then ratchet's step, in one call: $OUT/trl/
   source dev/gpu/detached.sh && inputs_in_place || exit 1
