@@ -89,3 +89,16 @@ def test_eval_runs_both_engines_through_evaluate_on_the_same_problems(monkeypatc
     assert 0 <= out["identical_answer_share"] <= 1 and out["speedup_vs_vllm"] > 0
     prompts = [a[1] for a in theirs.llm.llm_engine.added]
     assert prompts == [setup.prompt_fn(q) for q in setup.eval_problems["question"]]  # the same prompt tokens
+
+
+def test_without_vllm_or_without_the_converted_model_one_clear_error(monkeypatch, tmp_path):
+    import sys
+
+    from ratchet.errors import InputError
+
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    with pytest.raises(ImportError, match="engine.backend 'vllm': vLLM cannot be imported"):
+        vs_vllm.run("config/config.yaml", [f"results_dir={tmp_path}"])
+    fake_vllm.install(monkeypatch)
+    with pytest.raises(InputError, match="convert_weights"):
+        vs_vllm.run("config/config.yaml", [f"results_dir={tmp_path}"])

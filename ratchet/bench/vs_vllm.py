@@ -213,14 +213,14 @@ def _inputs(cfg):
 def run(config: str, overrides: list[str], sections=SECTIONS) -> dict:
     import torch
 
-    import vllm
-
     from ratchet import config as config_mod
     from ratchet.engines import make_engine
-    from ratchet.model.io import load_engine_model
     from ratchet.errors import InputError
+    from ratchet.model.io import load_engine_model
     from ratchet.paths import RunPaths
+    from ratchet.vllm.engine import import_vllm
 
+    vllm = import_vllm()  # one clear error where it is missing
     cfg = config_mod.load(config, overrides)
     paths = RunPaths.from_config(cfg)
     missing = [p for p in (paths.manifest, paths.test_data) if not p.is_file()]
