@@ -54,3 +54,17 @@ def gsm8k_dir() -> Path:
     if not (path / "test.jsonl").is_file():
         pytest.skip(f"GSM8K not present at {path}")
     return path
+
+
+@pytest.fixture(autouse=True)
+def _torch_determinism_restored():
+    """A training in-process turns torch's deterministic mode on for good (set_determinism);
+    each test gets back the mode it found, so no test depends on the ones before it."""
+    import sys
+
+    torch = sys.modules.get("torch")  # not imported for a test that needs no torch
+    was = torch.are_deterministic_algorithms_enabled() if torch is not None else False
+    yield
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.use_deterministic_algorithms(was)
