@@ -136,6 +136,10 @@ def ablate_decompose_vllm(cfg: dict, run) -> None:
     if setup.backend == "vllm":
         raise ValueError("ablate_decompose_vllm: engine.backend is the run's own engine (the GRPO "
                          "trajectory's, numpy or cuda); vLLM is measured beside it")
+    if not (setup.vllm_options or {}).get("enforce_eager"):  # the only way it starts here
+        print("[ablate_decompose_vllm] vLLM eager (engine.vllm.enforce_eager on for this rule): its "
+              "start-up compilation refuses the trajectory's deterministic torch mode", flush=True)
+        setup.vllm_options = {**(setup.vllm_options or {}), "enforce_eager": True}
     start = time.perf_counter()
     progress = Progress("ablate_decompose_vllm", max(settings.updates), unit="update")
 
