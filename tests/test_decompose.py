@@ -195,3 +195,34 @@ def test_vllm_beside_the_engine_on_the_same_masters_leaves_the_engines_rows_unch
     assert list(theirs["source"]) == list(SOURCES) * 2 and (theirs["num_tokens"] > 0).all()
     [llm] = [i for i in fake_vllm.FakeLLM.instances if isinstance(i, TinyVocabLLM)]
     assert len(llm.model.loaded) == 2  # synced from the masters at each measured update count
+
+
+def test_the_ablate_decompose_vllm_stage_writes_both_engines_rows_with_vllm_eager(tmp_path, monkeypatch):
+    import fake_vllm
+
+    from ratchet.config import validate
+    from ratchet.model.io import load_engine_model
+    from ratchet.paths import RunPaths
+    from ratchet.stages import run_stage
+
+    monkeypatch.setenv("RATCHET_TRACKING", "off")
+    cfg = validate({"results_dir": str(tmp_path), "ablate": {"updates": [0, 1], "num_rollouts": 8,
+                                                             "engine_dtypes": ["fp16"], "max_new_tokens": 4}})
+    for stage in ("download_model", "download_data", "convert_weights", "build_engine"):
+        run_stage(stage, cfg)
+    paths = RunPaths.from_config(cfg)
+    vllm = fake_vllm.install(monkeypatch)
+    vocab = load_engine_model(paths.model).cfg.vocab_size
+
+    class TinyVocabLLM(fake_vllm.FakeLLM):
+        def __init__(self, model="", **kwargs):
+            super().__init__(model, vocab=vocab, **kwargs)
+
+    vllm.LLM = TinyVocabLLM
+    fake_vllm.FakeLLM.instances.clear()
+    run_stage("ablate_decompose_vllm", cfg)
+    frame = pd.read_parquet(paths.decompose_vllm_table)
+    assert set(frame["backend"]) == {"numpy", "vllm"} and set(frame["updates"]) == {0, 1}
+    assert paths.decompose_vllm_figure.read_bytes().startswith(b"\x89PNG")
+    [llm] = fake_vllm.FakeLLM.instances
+    assert llm.kwargs["enforce_eager"] is True  # the rule starts vLLM eager
