@@ -152,9 +152,17 @@ class FakeLLM:
         return True
 
 
-def install(monkeypatch) -> types.ModuleType:
+def install(monkeypatch, vocab: int | None = None) -> types.ModuleType:
+    """The fake as `vllm`; `vocab`: its LLM draws tokens below this (a small model's vocabulary)."""
     module = types.ModuleType("vllm")
-    module.LLM, module.SamplingParams, module.__version__ = FakeLLM, SamplingParams, "fake"
+    llm = FakeLLM
+    if vocab is not None:
+        class SmallVocabLLM(FakeLLM):
+            def __init__(self, model: str = "", **kwargs):
+                super().__init__(model, vocab=vocab, **kwargs)
+
+        llm = SmallVocabLLM
+    module.LLM, module.SamplingParams, module.__version__ = llm, SamplingParams, "fake"
     sampling = types.ModuleType("vllm.sampling_params")
     sampling.SamplingParams, sampling.RequestOutputKind = SamplingParams, RequestOutputKind
     module.sampling_params = sampling

@@ -177,14 +177,7 @@ def test_exact_fix_run_trains_like_the_fix_with_no_gap(tiny):
 def test_vllm_beside_the_engine_on_the_same_masters_leaves_the_engines_rows_unchanged(tiny, monkeypatch):
     import fake_vllm
 
-    vllm = fake_vllm.install(monkeypatch)
-    vocab = tiny.model.cfg.vocab_size
-
-    class TinyVocabLLM(fake_vllm.FakeLLM):  # the fake draws tokens the tiny model has
-        def __init__(self, model="", **kwargs):
-            super().__init__(model, vocab=vocab, **kwargs)
-
-    vllm.LLM = TinyVocabLLM
+    vllm = fake_vllm.install(monkeypatch, vocab=tiny.model.cfg.vocab_size)  # tokens the tiny model has
     settings = ablate_settings(**{**SETTINGS, "updates": (0, 1), "engine_dtypes": ("fp16",)})
     both = along_updates(tiny, settings, visibility_updates=0, backends=("numpy", "vllm"))[0]
     alone = decomposition(tiny, settings)
@@ -193,7 +186,7 @@ def test_vllm_beside_the_engine_on_the_same_masters_leaves_the_engines_rows_unch
     pd.testing.assert_frame_equal(ours, alone.reset_index(drop=True))  # vLLM beside it changes nothing
     theirs = both[both["backend"] == "vllm"]
     assert list(theirs["source"]) == list(SOURCES) * 2 and (theirs["num_tokens"] > 0).all()
-    [llm] = [i for i in fake_vllm.FakeLLM.instances if isinstance(i, TinyVocabLLM)]
+    [llm] = [i for i in fake_vllm.FakeLLM.instances if isinstance(i, vllm.LLM)]
     assert len(llm.model.loaded) == 2  # synced from the masters at each measured update count
 
 
@@ -211,14 +204,7 @@ def test_the_ablate_decompose_vllm_stage_writes_both_engines_rows_with_vllm_eage
     for stage in ("download_model", "download_data", "convert_weights", "build_engine"):
         run_stage(stage, cfg)
     paths = RunPaths.from_config(cfg)
-    vllm = fake_vllm.install(monkeypatch)
-    vocab = load_engine_model(paths.model).cfg.vocab_size
-
-    class TinyVocabLLM(fake_vllm.FakeLLM):
-        def __init__(self, model="", **kwargs):
-            super().__init__(model, vocab=vocab, **kwargs)
-
-    vllm.LLM = TinyVocabLLM
+    fake_vllm.install(monkeypatch, vocab=load_engine_model(paths.model).cfg.vocab_size)
     fake_vllm.FakeLLM.instances.clear()
     run_stage("ablate_decompose_vllm", cfg)
     frame = pd.read_parquet(paths.decompose_vllm_table)

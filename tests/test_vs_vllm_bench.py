@@ -73,14 +73,7 @@ def test_eval_runs_both_engines_through_evaluate_on_the_same_problems(monkeypatc
     from tiny_setup import tiny_setup
 
     setup = tiny_setup(tmp_path, num_test=12, with_eval=True)
-    vllm = fake_vllm.install(monkeypatch)
-    vocab = setup.model.cfg.vocab_size
-
-    class TinyVocabLLM(fake_vllm.FakeLLM):  # the fake draws tokens the tiny tokenizer has
-        def __init__(self, model="", **kwargs):
-            super().__init__(model, vocab=vocab, **kwargs)
-
-    vllm.LLM = TinyVocabLLM
+    fake_vllm.install(monkeypatch, vocab=setup.model.cfg.vocab_size)  # tokens the tiny tokenizer has
     theirs = make_engine(setup.model, backend="vllm", max_batch_size=8, max_seq_len=32)
     inputs = (setup.task.tokenizer, setup.eval_problems, setup.prompt_fn)
     out = vs_vllm.bench_eval(setup.model, theirs, inputs, 8, 32, 4, backend="numpy")
