@@ -62,8 +62,8 @@ class Graph:
 class Stream:
     ptr = 1
 
-    def __init__(self, non_blocking=False):
-        pass
+    def __init__(self, non_blocking=False, priority=None):
+        self.priority = priority
 
     def __enter__(self):
         return self
@@ -120,7 +120,8 @@ def _unmapped(ptr):
 cuda = types.ModuleType("cupy.cuda")
 cuda.Stream, cuda.Event, cuda.Device, cuda.alloc_pinned_memory = Stream, Event, Device, alloc_pinned_memory
 cuda.runtime = types.SimpleNamespace(getDevice=lambda: 0, deviceSynchronize=lambda: None,
-                                     pointerGetAttributes=_unmapped)
+                                     pointerGetAttributes=_unmapped,
+                                     deviceGetStreamPriorityRange=lambda: (0, -5))  # (least, greatest)
 cuda.get_current_stream = lambda: Stream()
 cp.cuda = cuda
 

@@ -105,3 +105,15 @@ scored = engine.score([r.prompt for r in reqs], [r.output for r in reqs], 0.9, b
 print(json.dumps({"buckets": engine.backend.buckets, "same": scored == [r.logprobs for r in reqs]}))
 """)
     assert results == {"buckets": [4], "same": True}
+
+
+def test_the_engine_stream_takes_the_devices_highest_priority_unless_told_not_to():
+    results = on_fake_gpu("""
+import os
+cfg = tiny_config()
+high = CudaBackend(cfg, "fp16", 4, 64).stream.priority
+os.environ["RATCHET_STREAM_PRIORITY"] = "0"
+plain = CudaBackend(cfg, "fp16", 4, 64).stream.priority
+print(json.dumps({"high": high, "plain": plain}))
+""")
+    assert results == {"high": -5, "plain": None}  # the fake device's range is (0, -5)

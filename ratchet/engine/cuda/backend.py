@@ -38,6 +38,18 @@ from ratchet.model.layout import (
 )
 
 
+def engine_stream():
+    """The engine's stream, at the device's highest priority unless RATCHET_STREAM_PRIORITY=0:
+    when a trainer shares the GPU (split on one GPU, the engine on a thread of its process),
+    the decode step's many small kernels are scheduled ahead of the trainer's queued blocks,
+    and generation is that loop's longer phase. Alone on the GPU it changes nothing, and
+    never a bit: the same kernels run in the same order on this stream."""
+    if os.environ.get("RATCHET_STREAM_PRIORITY", "1") == "0":
+        return cp.cuda.Stream(non_blocking=True)
+    _, greatest = cp.cuda.runtime.deviceGetStreamPriorityRange()
+    return cp.cuda.Stream(non_blocking=True, priority=greatest)
+
+
 class CudaBackend:
     """KV cache [layers, slots + 1, 2, kv_heads, max_seq, head_dim] (the extra slot takes a
     bucket's padding rows); weights in one buffer a tensor, written in place by every update,
@@ -61,7 +73,7 @@ class CudaBackend:
         self.weight_device = f"cuda:{self.device_id}"  # update_weights takes DLPack tensors there
         self.storage = np.dtype(STORAGE[dtype])
         self.ops = Ops(dtype, hd, group)
-        self.stream = cp.cuda.Stream(non_blocking=True)
+        self.stream = engine_stream()
         self.scratch_slot = max_batch_size
         with self.stream:
             self.kv = cp.zeros((cfg.num_layers, max_batch_size + 1, 2, cfg.num_kv_heads, max_seq_len, hd),
