@@ -23,10 +23,9 @@ def estimated_parameters(model_cfg: dict) -> int | None:
     if source == "hub" or not path or not Path(path).exists():
         return None
     if source == "gguf":
-        import gguf
+        from ratchet.model.gguf_file import read_gguf
 
-        reader = gguf.GGUFReader(path)
-        return sum(int(t.n_elements) for t in reader.tensors)
+        return sum(t.n_elements for t in read_gguf(path).tensors)
     return _safetensors_parameters(Path(path))
 
 

@@ -1,6 +1,7 @@
 """llama.cpp GGUF file (qwen2 or llama) -> (ModelConfig, engine weights) and a tokenizer directory.
 
-Tensors are read with the `gguf` package and dequantised to float32 (any ggml type it knows).
+The header is read by ratchet/model/gguf_file.py; tensors are dequantised to float32 by the
+`gguf` package (any ggml type it knows).
 llama.cpp's converter permutes the Q and K rows of `llama` files (its RoPE kernel pairs
 neighbouring dimensions, HF's rotate-half pairs i with i + head_dim/2); we undo that, as
 transformers' `LlamaTensorProcessor` does. `qwen2` files are not permuted. The tokenizer is
@@ -17,6 +18,7 @@ import numpy as np
 from ratchet.errors import InputError, MissingInputError
 from ratchet.model.config import ModelConfig
 from ratchet.model.convert_hf import fuse, rename
+from ratchet.model.gguf_file import GGUFFile, read_gguf
 from ratchet.model.io import inline_chat_template
 
 # GGUF name -> engine name before fusion; `{}` is the layer index.
@@ -57,9 +59,9 @@ def convert_gguf(path: str | Path, tokenizer_out_dir: str | Path) -> tuple[Model
     print(f"reading {path}")
     reader = _open(path)
     cfg = read_gguf_config(reader, path)
-    # The tokenizer conversion parses the metadata again, in pure Python: it runs in a second
-    # process while this one dequantises, tensor by tensor on a thread pool (NumPy releases
-    # the GIL). Together a third of the serial time on a 16-core machine.
+    # The tokenizer conversion (transformers', which parses the metadata again) runs in a
+    # second process while this one dequantises, tensor by tensor on a thread pool (NumPy
+    # releases the GIL).
     with cf.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         tokenizer = pool.submit(write_gguf_tokenizer, path, tokenizer_out_dir)
         with cf.ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as threads:
@@ -72,10 +74,10 @@ def convert_gguf(path: str | Path, tokenizer_out_dir: str | Path) -> tuple[Model
     return cfg, weights
 
 
-def _open(path: Path) -> gguf.GGUFReader:
+def _open(path: Path) -> GGUFFile:
     try:
-        return gguf.GGUFReader(path)
-    except Exception as e:  # the package raises ValueError, IndexError, struct errors... on bad bytes
+        return read_gguf(path)
+    except Exception as e:  # ValueError on bad bytes; OSError on an unreadable file
         raise InputError(f"{path}: not a readable GGUF file (truncated or corrupt?): "
                          f"{type(e).__name__}: {e}") from None
 
@@ -103,15 +105,10 @@ def _unpermute_llama(name: str, w: np.ndarray, cfg: ModelConfig) -> np.ndarray:
     return np.ascontiguousarray(rows.swapaxes(1, 2).reshape(w.shape))
 
 
-def _metadata(reader: gguf.GGUFReader) -> dict:
+def _metadata(reader: GGUFFile) -> dict:
     """Scalar and string fields as Python values; arrays (the vocabulary) as their length."""
-    out = {}
-    for key, field in reader.fields.items():
-        if field.types and field.types[0] == gguf.GGUFValueType.ARRAY:
-            out[key] = len(field.data)
-        else:
-            out[key] = field.contents()
-    return out
+    return {key: len(value) if reader.types[key] == gguf.GGUFValueType.ARRAY else value
+            for key, value in reader.fields.items()}
 
 
 def check_gguf_architecture(path: str | Path) -> str:
@@ -119,13 +116,12 @@ def check_gguf_architecture(path: str | Path) -> str:
     are memory-mapped, not read), so a wrong file fails before it is hashed or dequantised."""
     path = Path(path)
     arch = _open(path).fields.get("general.architecture")
-    arch = arch.contents() if arch is not None else None
     if arch not in ARCHS:
         raise InputError(f"{path}: unsupported architecture {arch!r} (supported: {', '.join(ARCHS)})")
     return arch
 
 
-def read_gguf_config(reader: gguf.GGUFReader, path: Path) -> ModelConfig:
+def read_gguf_config(reader: GGUFFile, path: Path) -> ModelConfig:
     meta = _metadata(reader)
     arch = meta.get("general.architecture")
     if arch not in ARCHS:
@@ -169,17 +165,15 @@ def read_gguf_config(reader: gguf.GGUFReader, path: Path) -> ModelConfig:
     )
 
 
-def _eos_ids(reader: gguf.GGUFReader, meta: dict) -> list[int]:
+def _eos_ids(reader: GGUFFile, meta: dict) -> list[int]:
     ids = [int(meta[k]) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
                                   "tokenizer.ggml.eom_token_id") if meta.get(k) is not None]
     tokens, types = reader.fields.get("tokenizer.ggml.tokens"), reader.fields.get("tokenizer.ggml.token_type")
     if tokens is not None and types is not None:
         control = int(gguf.TokenType.CONTROL)
-        for i, type_index in enumerate(types.data):
-            if int(types.parts[type_index][0]) != control:
-                continue
-            if tokens.contents(i) in END_OF_GENERATION_TEXTS and i not in ids:
-                ids.append(i)
+        for i in np.flatnonzero(np.asarray(types) == control):
+            if tokens[i] in END_OF_GENERATION_TEXTS and int(i) not in ids:
+                ids.append(int(i))
     return ids
 
 
