@@ -76,18 +76,21 @@ def _log_by_updates(ax, updates, title: str, ylabel: str, bottom: bool) -> None:
         ax.set_xlabel("GRPO updates")
 
 
-def decomposition_figure(frame: pd.DataFrame, path: Path) -> Path:
+def decomposition_figure(frame: pd.DataFrame, path: Path, sharey: bool = False,
+                         labels: dict[str, str] | None = None) -> Path:
     """max and mean |dlogp| (log scale) against updates, one line per source, one column per
-    engine dtype."""
+    engine dtype (or engine); `sharey`: one scale a row, to compare the columns; `labels`:
+    sources' legend labels in place of SOURCE_STYLE's."""
     dtypes = list(dict.fromkeys(frame["engine_dtype"]))
     fig, axes = plt.subplots(2, len(dtypes), figsize=(5.2 * len(dtypes), 7.5), squeeze=False,
-                             sharex=True)
+                             sharex=True, sharey="row" if sharey else False)
     for col, dtype in enumerate(dtypes):
         part = frame[frame["engine_dtype"] == dtype]
         for row, (metric, title) in enumerate([("abs_diff_max", "max |Δ log p|"),
                                                ("abs_diff_mean", "mean |Δ log p|")]):
             ax = axes[row][col]
             for source, (label, colour, style) in SOURCE_STYLE.items():
+                label = (labels or {}).get(source, label)
                 s = part[part["source"] == source].sort_values("updates")
                 if s.empty:
                     continue

@@ -158,7 +158,12 @@ def ablate_decompose_vllm(cfg: dict, run) -> None:
                              backends=(setup.backend, "vllm"))
     run.log_metrics({"time/decompose_vllm_s": time.perf_counter() - start})
     write_ablation(run, frame, paths.decompose_vllm_table, paths.decompose_vllm_figure,
-                   lambda f, path: decomposition_figure(by_engine(f), path))
+                   lambda f, path: decomposition_figure(by_engine(f), path, sharey=True,
+                                                        labels=VLLM_LABELS))
+
+
+# vLLM has no teacher forcing through its sampling arithmetic: its `exact` is its replay
+VLLM_LABELS = {"exact": "the engine's replay of its tokens (ratchet: teacher forcing; vLLM: prompt log-probs)"}
 
 
 # ---------------------------------------------------------------------------- fix
