@@ -116,8 +116,8 @@ def run_trl(config: str, overrides: list[str], steps: int, use_vllm: bool, out_d
     wall = time.perf_counter() - t
     logged = [h for h in trainer.state.log_history if "reward" in h]
     timed = timer.steps[2:] if len(timer.steps) > 2 else timer.steps
-    import trl
     import transformers
+    import trl
 
     result = {"steps": len(timer.steps), "step_s_median": float(np.median(timed)), "per_step_s": timer.steps,
               "start_s": start_s, "train_wall_s": wall, "use_vllm": use_vllm, "vllm_mode": "colocate",

@@ -49,8 +49,8 @@ def main() -> None:
         record["decompose_vllm"] = decomposition(Path(args.decompose))
     if args.pytest:
         text = Path(args.pytest).read_text()
-        record["gpu_tests"] = re.findall(r"^(PASSED|FAILED|ERROR|SKIPPED) (\S+)", text, re.M)
-        record["gpu_tests_summary"] = (re.findall(r"^\d+ passed.*$", text, re.M) or [""])[-1]
+        record["gpu_tests"] = re.findall(r"^(PASSED|FAILED|ERROR|SKIPPED) (\S+)", text, re.MULTILINE)
+        record["gpu_tests_summary"] = (re.findall(r"^\d+ passed.*$", text, re.MULTILINE) or [""])[-1]
     Path(args.out).write_text(json.dumps(record, indent=1, default=float) + "\n")
     print(json.dumps(bench["headline"], indent=1))
 

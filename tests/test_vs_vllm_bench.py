@@ -3,14 +3,14 @@ beside the fake vLLM (tests/fake_vllm.py), so that its sections run before a GPU
 
 from __future__ import annotations
 
+import fake_vllm
 import numpy as np
 import pytest
-
-import fake_vllm
-from ratchet.bench import vs_vllm
-from ratchet.engines import make_engine
 from random_model import FakeModel, random_weights
 from test_engine import tiny_config
+
+from ratchet.bench import vs_vllm
+from ratchet.engines import make_engine
 
 
 @pytest.fixture

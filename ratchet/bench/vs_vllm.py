@@ -181,7 +181,7 @@ def bench_sensitivity(model, vllm_engine, inputs, max_seq_len: int, n: int = 512
     from ratchet.engine.request import Request
     from ratchet.engines import make_engine
 
-    tokenizer, problems, prompt_fn = inputs
+    _, problems, prompt_fn = inputs
     prompts = [prompt_fn(q) for q in problems["question"].head(n)]
     engine = make_engine(model, backend=backend, max_batch_size=n, max_seq_len=max_seq_len)
     answers = [r.output for r in engine.generate([Request(i, p, answer_len, greedy=True) for i, p in enumerate(prompts)])]
