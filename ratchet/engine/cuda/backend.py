@@ -46,8 +46,13 @@ def engine_stream():
     never a bit: the same kernels run in the same order on this stream."""
     if os.environ.get("RATCHET_STREAM_PRIORITY", "1") == "0":
         return cp.cuda.Stream(non_blocking=True)
-    _, greatest = cp.cuda.runtime.deviceGetStreamPriorityRange()
-    return cp.cuda.Stream(non_blocking=True, priority=greatest)
+    priority_range = getattr(cp.cuda.runtime, "deviceGetStreamPriorityRange", None)
+    greatest = priority_range()[1] if priority_range else -(2 ** 16)  # CUDA clamps it to the greatest
+    try:
+        return cp.cuda.Stream(non_blocking=True, priority=greatest)
+    except TypeError:  # a CuPy without stream priorities: scheduling as before, nothing else
+        print("[engine] this CuPy's Stream takes no priority: the engine's stream keeps the default one")
+        return cp.cuda.Stream(non_blocking=True)
 
 
 class CudaBackend:
