@@ -1,0 +1,76 @@
+"""Does the trainer's arithmetic change learning? (issue 18, goal 1.) One split training per
+`train.compute_dtype` from the same seed, each scored greedily on the same test problems
+after training; this gathers them: each run's final accuracy with its binomial standard
+error, its paired difference from the fp32 run on the same problems (with its standard
+error), the reward curve's first and last tenth, the step medians and the engine-trainer gap.
+
+    python -m dev.dtype_learning --run fp32=DIR --run bf16=DIR --run fp16=DIR --out record.json
+
+Each DIR holds what dev/gpu/dtype-learning.sh copied from one run: metrics.parquet and
+after_split.json / after_split_answers.parquet."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ratchet.mismatch.paired import paired_difference
+
+REFERENCE = "fp32"
+
+
+def one_run(folder: Path) -> tuple[dict, pd.DataFrame]:
+    metrics = pd.read_parquet(folder / "metrics.parquet")
+    summary = json.loads((folder / "after_split.json").read_text())
+    answers = pd.read_parquet(folder / "after_split_answers.parquet")
+    steps = metrics[metrics["step"] >= 2]
+    tenth = max(1, len(metrics) // 10)
+    row = {"steps": int(len(metrics)), "accuracy": summary["accuracy"], "accuracy_stderr": summary["accuracy_stderr"],
+           "n": summary["n"], "reward_first_tenth": float(metrics["train/reward"].head(tenth).mean()),
+           "reward_last_tenth": float(metrics["train/reward"].tail(tenth).mean())}
+    for key in ("time/step_s", "time/train_s", "time/generate_s", "mismatch/logprob_abs_diff_mean",
+                "mismatch/logprob_abs_diff_max"):
+        if key in steps:
+            row[f"median {key}"] = float(np.median(steps[key]))
+    return row, answers
+
+
+def gather(runs: dict[str, Path]) -> dict:
+    """The record: per compute dtype its row, and against the fp32 run its paired difference."""
+    if REFERENCE not in runs:
+        raise SystemExit(f"--run {REFERENCE}=DIR is the reference the others are compared with")
+    rows, answers = {}, {}
+    for name, folder in runs.items():
+        rows[name], answers[name] = one_run(Path(folder))
+    ref = answers[REFERENCE].sort_values("id")
+    for name, frame in answers.items():
+        frame = frame.sort_values("id")
+        if list(frame["id"]) != list(ref["id"]):
+            raise SystemExit(f"{name}: scored on other problems than the {REFERENCE} run")
+        if name != REFERENCE:
+            rows[name][f"paired_diff_vs_{REFERENCE}"] = paired_difference(ref["reward"].to_numpy(),
+                                                                          frame["reward"].to_numpy())
+    return {"reference": REFERENCE, "runs": rows,
+            "within_noise": {name: abs(r[f"paired_diff_vs_{REFERENCE}"]["z"]) < 1.959963984540054
+                             for name, r in rows.items() if name != REFERENCE}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--run", action="append", required=True, metavar="DTYPE=DIR")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--commit")
+    ap.add_argument("--command")
+    args = ap.parse_args()
+    runs = dict(item.split("=", 1) for item in args.run)
+    record = {"commit": args.commit, "command": args.command, **gather({k: Path(v) for k, v in runs.items()})}
+    Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
+    print(json.dumps(record, indent=1))
+
+
+if __name__ == "__main__":
+    main()

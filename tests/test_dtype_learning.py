@@ -1,0 +1,46 @@
+"""dev/dtype_learning.py: each compute dtype's run against the fp32 run on the same problems."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dev.dtype_learning import gather
+
+
+def write_run(folder, correct, rewards):
+    folder.mkdir()
+    n = len(correct)
+    pd.DataFrame({"step": range(len(rewards)), "train/reward": rewards, "time/step_s": 1.0,
+                  "mismatch/logprob_abs_diff_mean": 1e-3}).to_parquet(folder / "metrics.parquet")
+    acc = float(np.mean(correct))
+    (folder / "after_split.json").write_text(json.dumps({"accuracy": acc, "n": n,
+                                                         "accuracy_stderr": (acc * (1 - acc) / n) ** 0.5}))
+    pd.DataFrame({"id": np.arange(n)[::-1], "reward": np.asarray(correct, float)[::-1]}).to_parquet(
+        folder / "after_split_answers.parquet")
+
+
+def test_the_paired_difference_is_over_the_same_problems(tmp_path):
+    rng = np.random.default_rng(0)
+    base = rng.random(400) < 0.3
+    same = base.copy()
+    better = base | (rng.random(400) < 0.2)  # only gains
+    write_run(tmp_path / "fp32", base, np.linspace(0.1, 0.3, 20))
+    write_run(tmp_path / "bf16", same, np.linspace(0.1, 0.3, 20))
+    write_run(tmp_path / "fp16", better, np.linspace(0.1, 0.4, 20))
+    rec = gather({"fp32": tmp_path / "fp32", "bf16": tmp_path / "bf16", "fp16": tmp_path / "fp16"})
+    assert rec["runs"]["bf16"]["paired_diff_vs_fp32"]["diff"] == 0 and rec["within_noise"]["bf16"]
+    d = rec["runs"]["fp16"]["paired_diff_vs_fp32"]
+    assert d["diff"] == pytest.approx(better.mean() - base.mean()) and d["worse"] == 0
+    assert not rec["within_noise"]["fp16"]  # dozens of problems gained, none lost
+    assert rec["runs"]["fp16"]["reward_last_tenth"] == pytest.approx(0.4 - 0.3 / 19 / 2, rel=1e-6)
+
+
+def test_runs_on_other_problems_are_refused(tmp_path):
+    write_run(tmp_path / "fp32", [1, 0, 1], [0.1, 0.2])
+    write_run(tmp_path / "fp16", [1, 0], [0.1, 0.2])
+    with pytest.raises(SystemExit, match="other problems"):
+        gather({"fp32": tmp_path / "fp32", "fp16": tmp_path / "fp16"})
