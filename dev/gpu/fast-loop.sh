@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU calls for the fast loop (issue 18): the weight-sync kernels, the GPU suite's sync tests,
-# and the GRPO step bench (dev.grpo_step) on the local profile, detached and polled:
+# and the GRPO step bench (dev.grpo_step) on the local profile (GRPO_SET: one --set for it;
+# SECTIONS noprio: the steps again with RATCHET_STREAM_PRIORITY=0), detached and polled:
 #   VARIANTS=colocated:fp32,split:bf16 STEPS=10 bash dev/gpu/fast-loop.sh start
 #   bash dev/gpu/fast-loop.sh wait       # poll up to WAIT_S s (default 540)
 # Results in /root/fast (state) and, on `wait` once done, under $OUT/fast/.
@@ -19,7 +20,7 @@ now)  # in this call (at most 10 minutes): SECTIONS, then everything under $OUT/
   rm -rf "$state" && mkdir -p "$state" "$OUT/fast"
   bash dev/gpu/fast-loop.sh run
   tail -3 "$state/pytest-weights.txt" "$state/pytest-resume.txt" 2>/dev/null
-  grep -h "^\[grpo_step\]" "$state/grpo-step.txt" 2>/dev/null
+  grep -h "^\[grpo_step\]" "$state"/grpo-step*.txt 2>/dev/null
   cp "$state"/*.json "$state"/*.txt "$OUT/fast/" 2>/dev/null
   ;;
 start)
@@ -40,7 +41,11 @@ run)
     python3 -m ratchet.bench --sections sync --out "$state/bench-sync.json" > "$state/bench-sync.txt" 2>&1 ;; esac
   case ",$SECTIONS," in *,steps,*)
     python3 -m dev.grpo_step --config config/local.yaml --steps "$STEPS" --variants "$VARIANTS" \
-      --out "$state/grpo-step.json" > "$state/grpo-step.txt" 2>&1 ;; esac
+      ${GRPO_SET:+--set "$GRPO_SET"} --out "$state/grpo-step.json" > "$state/grpo-step.txt" 2>&1 ;; esac
+  case ",$SECTIONS," in *,noprio,*)  # the same steps with the engine's stream at default priority (A/B)
+    RATCHET_STREAM_PRIORITY=0 python3 -m dev.grpo_step --config config/local.yaml --steps "$STEPS" \
+      --variants "$VARIANTS" ${GRPO_SET:+--set "$GRPO_SET"} --out "$state/grpo-step-noprio.json" \
+      > "$state/grpo-step-noprio.txt" 2>&1 ;; esac
   echo $(( $(date +%s) - t0 )) > "$state/wall_s"
   echo 0 > "$state/rc"
   ;;
