@@ -27,7 +27,7 @@ def one_run(folder: Path) -> tuple[dict, pd.DataFrame]:
     metrics = pd.read_parquet(folder / "metrics.parquet")
     summary = json.loads((folder / "after_split.json").read_text())
     answers = pd.read_parquet(folder / "after_split_answers.parquet")
-    steps = metrics[metrics["step"] >= 2]
+    steps = metrics[metrics["step"] >= 2] if len(metrics) > 2 else metrics  # the first two warm up
     tenth = max(1, len(metrics) // 10)
     row = {"steps": int(len(metrics)), "accuracy": summary["accuracy"], "accuracy_stderr": summary["accuracy_stderr"],
            "n": summary["n"], "reward_first_tenth": float(metrics["train/reward"].head(tenth).mean()),
