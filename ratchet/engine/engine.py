@@ -41,6 +41,19 @@ class EngineStats:
         return self.num_generated_tokens / self.wall_time_s if self.wall_time_s else 0.0
 
 
+def engine_limits(cfg, max_batch_size: int, max_seq_len: int | None,
+                  eos_ids: Iterable[int] | None) -> tuple[int, frozenset[int]]:
+    """(max_seq_len, eos ids) of an engine on `cfg`, its sizes checked: what every engine
+    (ratchet's, the vLLM adapter) takes by default and refuses."""
+    if max_seq_len is None:
+        max_seq_len = min(cfg.max_position_embeddings, DEFAULT_MAX_SEQ_LEN)
+    if max_batch_size < 1:
+        raise ValueError(f"engine: max_batch_size must be >= 1, got {max_batch_size}")
+    if max_seq_len < 2:
+        raise ValueError(f"engine: max_seq_len must be >= 2, got {max_seq_len}")
+    return max_seq_len, frozenset(int(t) for t in (cfg.eos_token_ids if eos_ids is None else eos_ids))
+
+
 class Engine:
     def __init__(self, model, backend: str = "numpy", max_batch_size: int = 64,
                  max_seq_len: int | None = None, eos_ids: Iterable[int] | None = None,
@@ -50,19 +63,12 @@ class Engine:
         tokens. `batch_invariant`: rows' bits independent of the batch, so `score` gives an
         answer the bits it was sampled with. `device`: the GPU of a CUDA engine."""
         cfg = model.cfg
-        if max_seq_len is None:
-            max_seq_len = min(cfg.max_position_embeddings, DEFAULT_MAX_SEQ_LEN)
-        if max_batch_size < 1:
-            raise ValueError(f"engine: max_batch_size must be >= 1, got {max_batch_size}")
-        if max_seq_len < 2:
-            raise ValueError(f"engine: max_seq_len must be >= 2, got {max_seq_len}")
         self.cfg, self.dtype = cfg, model.dtype
-        self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
-        eos_ids = cfg.eos_token_ids if eos_ids is None else eos_ids
-        self.eos_ids = frozenset(int(t) for t in eos_ids)
+        self.max_seq_len, self.eos_ids = engine_limits(cfg, max_batch_size, max_seq_len, eos_ids)
+        self.max_batch_size = max_batch_size
         self.backend_name = backend
-        self.backend = make_backend(backend, cfg, model.dtype, max_batch_size, max_seq_len, batch_invariant,
-                                    device)
+        self.backend = make_backend(backend, cfg, model.dtype, max_batch_size, self.max_seq_len,
+                                    batch_invariant, device)
         self.backend.load_weights(model.weights)
         self.scheduler = Scheduler(max_batch_size)
         self.stats = EngineStats()

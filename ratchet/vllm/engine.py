@@ -34,7 +34,7 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
-from ratchet.engine.engine import DEFAULT_MAX_SEQ_LEN, EngineStats
+from ratchet.engine.engine import EngineStats, engine_limits
 from ratchet.engine.request import Request, check_addable, check_unique_ids, stop_reason
 from ratchet.model.checksum import block_checksums
 from ratchet.vllm.names import PADDED_VOCAB, hf_update, vllm_parameter
@@ -88,16 +88,9 @@ class VllmEngine:
         if device not in (None, 0):
             raise NotImplementedError(f"engine.backend 'vllm' on GPU {device}: vLLM starts on the "
                                       "first visible GPU (set CUDA_VISIBLE_DEVICES instead)")
-        cfg = model.cfg
-        if max_seq_len is None:
-            max_seq_len = min(cfg.max_position_embeddings, DEFAULT_MAX_SEQ_LEN)
-        if max_batch_size < 1:
-            raise ValueError(f"engine: max_batch_size must be >= 1, got {max_batch_size}")
-        if max_seq_len < 2:
-            raise ValueError(f"engine: max_seq_len must be >= 2, got {max_seq_len}")
-        self.cfg, self.dtype = cfg, model.dtype
-        self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
-        self.eos_ids = frozenset(int(t) for t in (cfg.eos_token_ids if eos_ids is None else eos_ids))
+        self.cfg, self.dtype = model.cfg, model.dtype
+        self.max_seq_len, self.eos_ids = engine_limits(model.cfg, max_batch_size, max_seq_len, eos_ids)
+        self.max_batch_size = max_batch_size
         self.options = VllmOptions.from_dict(options)
         self.vllm = import_vllm()
         self._delta = importlib.import_module("vllm.sampling_params").RequestOutputKind.DELTA
