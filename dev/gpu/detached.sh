@@ -1,9 +1,10 @@
 # Sourced by the GPU scripts whose job outlasts one device call (10 minutes): the inputs put
 # in place, the job started detached (setsid outlives the call), timed, and polled by later
-# calls. Callers: local-pipeline.sh, ablate.sh.
+# calls. Sourced by most scripts beside it.
 
-inputs_in_place() {  # the real model from its carried chunks; GSM8K where config/local.yaml reads it
+inputs_in_place() {  # the real model from its carried chunks; GSM8K (carried as .cache/gsm8k) where config/local.yaml reads it
   bash dev/gpu/assemble-model.sh || return 1
+  if [ -d .cache/gsm8k ]; then mkdir -p /root/data && cp -r .cache/gsm8k /root/data/; fi
   mkdir -p ../shared/data && ln -sfn /root/data/gsm8k ../shared/data/gsm8k
 }
 

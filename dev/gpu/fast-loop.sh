@@ -13,7 +13,6 @@ state=/root/fast
 
 case "${1:?now, start, wait or run}" in
 now)  # in this call (at most 10 minutes): SECTIONS, then everything under $OUT/fast
-  mkdir -p /root/data && cp -r .cache/gsm8k /root/data/ 2>/dev/null
   inputs_in_place || exit 1
   export RATCHET_TRACKING=off STEPS=${STEPS:-10} SECTIONS=${SECTIONS:-weights,sync,steps}
   export VARIANTS=${VARIANTS:-colocated:fp32,colocated:bf16,split:bf16}
@@ -24,7 +23,6 @@ now)  # in this call (at most 10 minutes): SECTIONS, then everything under $OUT/
   cp "$state"/*.json "$state"/*.txt "$OUT/fast/" 2>/dev/null
   ;;
 start)
-  mkdir -p /root/data && cp -r .cache/gsm8k /root/data/ 2>/dev/null
   inputs_in_place || exit 1
   export RATCHET_TRACKING=off STEPS=${STEPS:-10} SECTIONS=${SECTIONS:-weights,sync,steps}
   export VARIANTS=${VARIANTS:-colocated:fp32,colocated:bf16,split:bf16}

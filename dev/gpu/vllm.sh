@@ -47,7 +47,6 @@ test)
   ;;
 bench)  # ratchet.bench.vs_vllm on the local profile: $OUT/vllm/h200-vllm.json
   source dev/gpu/detached.sh && inputs_in_place || exit 1
-  mkdir -p /root/data && cp -r .cache/gsm8k /root/data/ 2>/dev/null
   mkdir -p "$OUT/vllm" && export RATCHET_TRACKING=off
   for stage in download_model download_data convert_weights; do  # the bench's inputs, if missing
     python3 -m ratchet "$stage" --config config/local.yaml > /dev/null || exit 1
@@ -60,7 +59,6 @@ decompose)  # ablate_decompose_vllm on the local profile: $OUT/vllm/<RUN>/decomp
   # one engine dtype a process (one vLLM start); RUN names its results (RUN=local-bf16 with
   # ablate.engine_dtypes=[bf16]); vLLM eager: the trajectory's deterministic mode needs it
   source dev/gpu/detached.sh && inputs_in_place || exit 1
-  mkdir -p /root/data && cp -r .cache/gsm8k /root/data/ 2>/dev/null
   run=${RUN:-local} && mkdir -p "$OUT/vllm/$run" && export RATCHET_TRACKING=off
   log="$OUT/vllm/$run/decompose_vllm.txt"
   for stage in download_model download_data convert_weights build_engine ablate_decompose_vllm; do
@@ -72,7 +70,6 @@ decompose)  # ablate_decompose_vllm on the local profile: $OUT/vllm/<RUN>/decomp
   ;;
 trl)  # TRL's GRPOTrainer with vLLM colocated, then ratchet's step, in one call: $OUT/trl/
   source dev/gpu/detached.sh && inputs_in_place || exit 1
-  mkdir -p /root/data && cp -r .cache/gsm8k /root/data/ 2>/dev/null
   mkdir -p "$OUT/trl" && export RATCHET_TRACKING=off
   python3 -m dev.trl_grpo --config config/local.yaml --steps "${TRL_STEPS:-20}" --out "$OUT/trl/trl.json" \
     > "$OUT/trl/trl.txt" 2>&1 || { tail -40 "$OUT/trl/trl.txt"; }
