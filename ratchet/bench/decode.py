@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import cupy as cp
 import numpy as np
 
+from ratchet.bench.engine_steps import timed_steps
 from ratchet.bench.workload import Events
 from ratchet.engine.engine import Engine
 from ratchet.engine.request import Request
@@ -139,16 +140,7 @@ def bench_engine(cfg, weights_torch: dict, batch=64, prompt_len=128, new_tokens=
         rng = np.random.default_rng(seed)
         reqs = [Request(i, rng.integers(0, cfg.vocab_size, prompt_len).tolist(), max_new_tokens=new_tokens,
                         seed=seed) for i in range(batch)]
-        for r in reqs:
-            engine.add(r)
-        t = time.perf_counter()
-        engine.step()  # admits and prefills everything, first decode
-        t_first = time.perf_counter() - t
-        step_s = []
-        while engine.num_unfinished:
-            t = time.perf_counter()
-            engine.step()
-            step_s.append(time.perf_counter() - t)
+        t_first, step_s, _ = timed_steps(engine, reqs)
         tag = "overlapped" if overlap else "plain"
         out[f"step_ms_median ({tag})"] = 1e3 * float(np.median(step_s[1:]))
         out[f"tokens_per_s (engine stats, {tag})"] = engine.stats.tokens_per_s

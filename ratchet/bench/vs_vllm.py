@@ -34,21 +34,11 @@ def _sync():
 
 def ratchet_decode(engine, prompts: list[list[int]], new_tokens: int, seed: int) -> dict:
     """Wall time of each `Engine.step` (overlapped, as the product runs it) at temperature 1."""
+    from ratchet.bench.engine_steps import timed_steps
     from ratchet.engine.request import Request
 
     reqs = [Request(i, p, max_new_tokens=new_tokens, temperature=1.0, seed=seed) for i, p in enumerate(prompts)]
-    for r in reqs:
-        engine.add(r)
-    t = time.perf_counter()
-    engine.step()  # admission, prefill, graph capture
-    first = time.perf_counter() - t
-    steps = []
-    start = time.perf_counter()
-    while engine.num_unfinished:
-        t = time.perf_counter()
-        engine.step()
-        steps.append(time.perf_counter() - t)
-    wall = time.perf_counter() - start
+    first, steps, wall = timed_steps(engine, reqs)
     assert all(len(r.output) == new_tokens for r in reqs), "ratchet decode: an answer stopped early"
     return {"step_ms_median": 1e3 * float(np.median(steps[1:])), "first_step_s": first,
             "decode_tokens_per_s": len(prompts) * (new_tokens - 1) / wall}
@@ -196,20 +186,6 @@ def bench_sensitivity(model, vllm_engine, inputs, max_seq_len: int, n: int = 512
     return out
 
 
-def _inputs(cfg):
-    from ratchet.data.datasets_io import load_split
-    from ratchet.data.prompts import make_prompt_fn
-    from ratchet.data.tokenizer import load_tokenizer
-    from ratchet.paths import RunPaths
-
-    paths = RunPaths.from_config(cfg)
-    tokenizer = load_tokenizer(paths.model)
-    problems = load_split(paths.test_data)
-    if cfg["eval"]["num_problems"]:
-        problems = problems.head(cfg["eval"]["num_problems"])
-    return tokenizer, problems, make_prompt_fn(tokenizer, cfg["data"]["source"])
-
-
 def run(config: str, overrides: list[str], sections=SECTIONS) -> dict:
     import torch
 
@@ -218,6 +194,7 @@ def run(config: str, overrides: list[str], sections=SECTIONS) -> dict:
     from ratchet.errors import InputError
     from ratchet.model.io import load_engine_model
     from ratchet.paths import RunPaths
+    from ratchet.rl.evaluate import eval_inputs
     from ratchet.vllm.engine import import_vllm
 
     vllm = import_vllm()  # one clear error where it is missing
@@ -236,7 +213,7 @@ def run(config: str, overrides: list[str], sections=SECTIONS) -> dict:
     vllm_engine = make_engine(model, backend="vllm", max_batch_size=max(512, e["max_batch_size"]),
                               max_seq_len=e["max_seq_len"], vllm_options=e["vllm"])
     res["vllm_start_s"] = time.perf_counter() - t
-    inputs = _inputs(cfg)
+    inputs = eval_inputs(cfg)
     for name in sections:
         t = time.perf_counter()
         try:

@@ -12,6 +12,22 @@ from ratchet.data.reward import has_format, reward
 from ratchet.engine.request import Request
 
 
+def eval_inputs(cfg: dict) -> tuple:
+    """(tokenizer, test problems, prompt_fn) of a run's greedy eval: the converted model's
+    tokenizer, the test split cut to `eval.num_problems`, the data source's prompt."""
+    from ratchet.data.datasets_io import load_split
+    from ratchet.data.prompts import make_prompt_fn
+    from ratchet.data.tokenizer import load_tokenizer
+    from ratchet.paths import RunPaths
+
+    paths = RunPaths.from_config(cfg)
+    tokenizer = load_tokenizer(paths.model)
+    problems = load_split(paths.test_data)
+    if cfg["eval"]["num_problems"]:
+        problems = problems.head(cfg["eval"]["num_problems"])
+    return tokenizer, problems, make_prompt_fn(tokenizer, cfg["data"]["source"])
+
+
 def evaluate(engine, tokenizer, problems: pd.DataFrame, prompt_ids, max_new_tokens: int,
              progress: bool = True) -> tuple[dict, pd.DataFrame]:
     """Return (summary, answers). `prompt_ids(question) -> list[int]` builds each prompt."""

@@ -8,24 +8,17 @@ from ratchet.paths import RunPaths
 
 def run_eval(cfg: dict, run, model_dir, name: str) -> dict:
     """Shared by the baseline and the after-training evals: writes <name>.json and answers."""
-    from ratchet.data.datasets_io import load_split
-    from ratchet.data.prompts import make_prompt_fn
-    from ratchet.data.tokenizer import load_tokenizer
     from ratchet.device import resolve_backend
     from ratchet.engines import make_engine
     from ratchet.model.io import load_engine_model
-    from ratchet.rl.evaluate import evaluate
+    from ratchet.rl.evaluate import eval_inputs, evaluate
 
     paths = RunPaths.from_config(cfg)
     e, ev = cfg["engine"], cfg["eval"]
     model = load_engine_model(model_dir)
-    tokenizer = load_tokenizer(paths.model)
-    problems = load_split(paths.test_data)
-    if ev["num_problems"]:
-        problems = problems.head(ev["num_problems"])
+    tokenizer, problems, prompt_fn = eval_inputs(cfg)
     engine = make_engine(model, backend=resolve_backend(e["backend"]), max_batch_size=e["max_batch_size"],
                          max_seq_len=e["max_seq_len"], vllm_options=e["vllm"])
-    prompt_fn = make_prompt_fn(tokenizer, cfg["data"]["source"])
     summary, answers = evaluate(engine, tokenizer, problems, prompt_fn, ev["max_new_tokens"])
     summary.update({"name": name, "backend": engine.backend_name, "dtype": model.dtype})
     out_json, out_answers = paths.eval_json(name), paths.eval_answers(name)
