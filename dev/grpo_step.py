@@ -38,23 +38,29 @@ def parse_variant(text: str) -> dict:
     return {"name": text, "mode": parts[0], "compute_dtype": parts[1], "fix": parts[2] if len(parts) == 3 else "none"}
 
 
+def prepare(cfg: dict) -> None:
+    """The converted model and the data splits, made by their stages if the model is missing."""
+    from ratchet.paths import RunPaths
+    from ratchet.stages import run_stage
+
+    if not RunPaths.from_config(cfg).manifest.is_file():
+        for stage in PREPARE:
+            run_stage(stage, cfg)
+
+
 def run_variant(config: str, overrides: list[str], variant: dict, steps: int, out: Path) -> dict:
     """One variant in this process: the prepare stages if their outputs are missing, then
     `steps` GRPO steps without evals, checkpoints or a saved model; the step medians."""
     import torch
 
     from ratchet import config as config_mod
-    from ratchet.paths import RunPaths
     from ratchet.rl.colocated import run_colocated
     from ratchet.rl.split import run_split
-    from ratchet.stages import run_stage
     from ratchet.stages.train import make_job
 
     os.environ.setdefault("RATCHET_TRACKING", "off")
     cfg = config_mod.load(config, overrides)
-    if not RunPaths.from_config(cfg).manifest.is_file():
-        for stage in PREPARE:
-            run_stage(stage, cfg)
+    prepare(cfg)
     job = make_job(cfg, variant["mode"], out_dir=out, steps=steps, eval_every=0, checkpoints=False,
                    save_model=False, resume=False, compute_dtype=variant["compute_dtype"],
                    **FIXES[variant["fix"]])

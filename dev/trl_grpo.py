@@ -29,8 +29,9 @@ SINGLE_PROCESS = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADD
                   "MASTER_PORT": "29533"}
 
 
-def prepare(cfg: dict, out_dir: Path):
+def trl_inputs(cfg: dict, out_dir: Path):
     """(HF model directory, training problems as TRL rows, the study's GRPO settings)."""
+    from dev.grpo_step import prepare
     from ratchet.data.datasets_io import load_split
     from ratchet.data.prompts import make_prompt_fn
     from ratchet.data.tokenizer import load_tokenizer
@@ -38,12 +39,9 @@ def prepare(cfg: dict, out_dir: Path):
     from ratchet.model.io import load_engine_model
     from ratchet.paths import RunPaths
     from ratchet.rl.settings import GRPOConfig
-    from ratchet.stages import run_stage
 
     paths = RunPaths.from_config(cfg)
-    if not paths.manifest.is_file():
-        for stage in ("download_model", "download_data", "convert_weights"):
-            run_stage(stage, cfg)
+    prepare(cfg)
     model_dir = out_dir / "hf"
     export_hf(load_engine_model(paths.model), model_dir, "fp32", tokenizer_dir=paths.model)
     tokenizer = load_tokenizer(paths.model)
@@ -75,7 +73,7 @@ def run_trl(config: str, overrides: list[str], steps: int, use_vllm: bool, out_d
         os.environ.setdefault(key, value)
     os.environ.setdefault("RATCHET_TRACKING", "off")
     cfg = config_mod.load(config, overrides)
-    model_dir, rows, ours = prepare(cfg, out_dir)
+    model_dir, rows, ours = trl_inputs(cfg, out_dir)
     answers = ours.problems_per_step * ours.group_size
     cuda = torch.cuda.is_available()
     args = GRPOConfig(
