@@ -11,6 +11,7 @@ set -uo pipefail
 source dev/gpu/env.sh
 source dev/gpu/detached.sh
 state=/root/dtype-learning
+run=${RUN:-local}  # results/<RUN>: its own folder lets it run beside another job on run local
 
 case "${1:?start, wait or collect}" in
 start)
@@ -22,17 +23,17 @@ start)
 run)
   t0=$(date +%s)
   for stage in download_model download_data convert_weights build_engine; do
-    python3 -m ratchet "$stage" --config config/local.yaml || { echo 1 > "$state/rc"; exit 1; }
+    python3 -m ratchet "$stage" --config config/local.yaml run_name="$run" || { echo 1 > "$state/rc"; exit 1; }
   done
   for dtype in $DTYPES; do
     mb=$MB && [ "$dtype" = fp32 ] && mb=8
-    set_args=(--config config/local.yaml --force train.compute_dtype="$dtype" train.micro_batch_size="$mb")
+    set_args=(--config config/local.yaml --force run_name="$run" train.compute_dtype="$dtype" train.micro_batch_size="$mb")
     python3 -m ratchet train_split "${set_args[@]}" > "$state/train-$dtype.log" 2>&1 &&
       python3 -m ratchet eval_after_split "${set_args[@]}" > "$state/eval-$dtype.log" 2>&1 || {
         echo "$dtype failed"; tail -20 "$state/train-$dtype.log"; continue; }
     mkdir -p "$state/$dtype"
-    cp results/local/train/split/metrics.parquet results/local/eval/after_split.json \
-       results/local/eval/after_split_answers.parquet "$state/$dtype/"
+    cp "results/$run/train/split/metrics.parquet" "results/$run/eval/after_split.json" \
+       "results/$run/eval/after_split_answers.parquet" "$state/$dtype/"
     echo "$dtype done at $(( $(date +%s) - t0 )) s"
   done
   echo $(( $(date +%s) - t0 )) > "$state/wall_s"
@@ -49,7 +50,7 @@ collect)
   runs=() && for d in fp32 bf16 fp16; do [ -d "$state/$d" ] && cp -r "$state/$d" "$out/" && runs+=(--run "$d=$state/$d"); done
   cp "$state"/*.log "$out/" 2>/dev/null
   python3 -m dev.dtype_learning "${runs[@]}" --commit "$(cat .cache/commit 2>/dev/null)" \
-    --command "bash dev/gpu/dtype-learning.sh start (DTYPES='${DTYPES:-fp32 bf16 fp16}' MB=${MB:-64})" \
+    --command "bash dev/gpu/dtype-learning.sh start (DTYPES='${DTYPES:-fp32 bf16 fp16}' MB=${MB:-64} RUN=$run)" \
     --out "$out/h200-dtype-learning.json"
   ;;
 esac
