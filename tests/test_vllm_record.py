@@ -7,6 +7,7 @@ import json
 import sys
 
 import pandas as pd
+import pytest
 
 from dev import vllm_record
 
@@ -31,3 +32,44 @@ def test_the_record_takes_a_later_section_and_says_so(tmp_path, monkeypatch):
     assert rec["bench"]["headline"]["eval_speedup_vs_vllm"] == 4.0
     assert [r["backend"] for r in rec["decompose_vllm"]] == ["cuda", "vllm"] and "extra" not in rec["decompose_vllm"][0]
     assert rec["gpu_tests"] == [["PASSED", "tests/x.py::a"], ["FAILED", "tests/x.py::b"]]
+
+
+LOG = """[ablate_decompose_vllm] 0/30 updates (0%)
+[ablate_decompose_vllm]   0 updates  cuda  bf16 total            mean 5.73e-03  max 2.64e-01
+[ablate_decompose_vllm]   0 updates  vllm  bf16 exact            mean 7.94e-03  max 3.37e-01
+[ablate_decompose_vllm] 10/30 updates (33%), 9.0 s/update, ETA 3m00s
+[ablate_decompose_vllm]  10 updates  vllm  bf16 total            mean 1.49e-02  max 6.71e-01
+"""
+
+
+def test_a_later_session_lays_renamed_sections_and_a_cut_short_decomposition_over_the_record(tmp_path,
+                                                                                              monkeypatch):
+    earlier = {"machine": "H200", "commit": "old", "commands": ["a"], "sections_from_other_runs": {},
+               "bench": {"eval": {"speedup_vs_vllm": 4.0}, "sensitivity": {"vllm": {"x": 1}}},
+               "decompose_vllm": [{"backend": "vllm"}]}
+    (tmp_path / "old.json").write_text(json.dumps(earlier))
+    (tmp_path / "eval.json").write_text(json.dumps({"eval": {"speedup_vs_vllm": 6.0}}))
+    (tmp_path / "bi.json").write_text(json.dumps({"sensitivity": {"vllm": {"x": 0}}}))
+    (tmp_path / "d.txt").write_text(LOG)
+    out = tmp_path / "r.json"
+    monkeypatch.setattr(sys, "argv", ["vllm_record", "--over", str(tmp_path / "old.json"), "--commit", "newcommit",
+                                      "--command", "b", "--sections-from", f"eval={tmp_path / 'eval.json'}",
+                                      "--sections-from", f"sensitivity_bi={tmp_path / 'bi.json'}:sensitivity",
+                                      "--decompose-log", str(tmp_path / "d.txt"), "--out", str(out)])
+    vllm_record.main()
+    rec = json.loads(out.read_text())
+    assert rec["commit"] == "old" and rec["later_commits"] == ["newcommit"] and rec["commands"] == ["a", "b"]
+    assert rec["bench"]["headline"]["eval_speedup_vs_vllm"] == 6.0
+    assert rec["bench"]["sensitivity"] == {"vllm": {"x": 1}} and rec["bench"]["sensitivity_bi"] == {"vllm": {"x": 0}}
+    assert "newcomm" in rec["sections_from_other_runs"]["sensitivity_bi"]
+    assert rec["decompose_vllm"] == earlier["decompose_vllm"]
+    cut = rec["decompose_vllm_from_log"]
+    assert cut["planned_updates"] == 30 and cut["updates_measured"] == [0, 10] and cut["complete"] is False
+    assert cut["rows"][2] == {"updates": 10, "backend": "vllm", "engine_dtype": "bf16", "source": "total",
+                              "abs_diff_mean": 1.49e-2, "abs_diff_max": 0.671}
+
+
+def test_the_record_wants_one_base(monkeypatch, tmp_path):
+    monkeypatch.setattr(sys, "argv", ["vllm_record", "--commit", "c", "--out", str(tmp_path / "r.json")])
+    with pytest.raises(SystemExit):
+        vllm_record.main()

@@ -35,24 +35,9 @@ collect)
   cp -r results/local/ablate results/local/benchmarks "$OUT/h200-ablate/" 2>/dev/null
   mkdir -p "$OUT/h200-ablate/logs" && cp results/local/logs/ablate_*.log "$OUT/h200-ablate/logs/" 2>/dev/null
   cp "$state/snakemake.log" "$state/wall_s" "$OUT/h200-ablate/" 2>/dev/null
-  python3 - "$OUT/h200-ablate/h200-ablate.json" "$command" <<'PY'
-import json, os, sys
-from pathlib import Path
-import pandas as pd
-from ratchet import config
-from ratchet.mismatch.ablation import AblateSettings
-from ratchet.stages.ablate import records
-cfg = config.load(Path("config/local.yaml"), [])
-a = Path("results/local/ablate")
-read = lambda name: pd.read_parquet(a / name) if (a / name).is_file() else None
-rec = records(AblateSettings.from_config(cfg), read("decompose.parquet"), read("visibility.parquet"),
-              read("fix.parquet"))
-import cupy
-rec = {"command": sys.argv[2], "commit": os.environ.get("RATCHET_COMMIT"),
-       "device": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(), **rec}
-Path(sys.argv[1]).write_text(json.dumps(rec, indent=1) + "\n")
-print(json.dumps({k: v for k, v in rec.items() if not isinstance(v, dict)}, indent=1))
-PY
+  python3 -m dev.ablate_record --ablate results/local/ablate --config config/local.yaml \
+    --commit "${RATCHET_COMMIT:-unknown}" --machine "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" \
+    --command "$command" --out "$OUT/h200-ablate/h200-ablate.json"
   tar czf "$OUT/h200-ablate.tgz" -C "$OUT" h200-ablate && rm -rf "$OUT/h200-ablate"
   ;;
 esac

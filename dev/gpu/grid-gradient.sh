@@ -53,6 +53,9 @@ collect)
   cp -r results/local-bf16grid/ablate "$out/local-bf16grid/" 2>/dev/null
   cp results/local-bf16grid/model/manifest.json "$out/local-bf16grid/" 2>/dev/null
   cp "$state"/*.log "$state"/*.json "$state/wall_s" .cache/commit "$out/" 2>/dev/null
+  python3 -m dev.ablate_record --ablate results/local/ablate --config config/local.yaml \
+    --commit "$(cat .cache/commit 2>/dev/null)" --machine "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" \
+    --command "bash dev/gpu/grid-gradient.sh start" --out "$out/h200-gradient.json"
   tar czf "$out.tgz" -C "$OUT" h200-grid-gradient && rm -rf "$out"
   ;;
 esac
