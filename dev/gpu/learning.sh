@@ -19,7 +19,7 @@ start)
   sleep 15 && tail -5 "$state/snakemake.log"
   ;;
 run)
-  run_timed "$state" python3 -m snakemake ablate_learning --cores all --configfile config/local.yaml \
+  mkdir -p "$state" && run_timed "$state" python3 -m snakemake ablate_learning --cores all --configfile config/local.yaml \
     --resources gpu_jobs="$LEARN_JOBS" ${LEARN_SET:+--config set="$LEARN_SET"}
   ;;
 wait)

@@ -29,7 +29,7 @@ export PYTHONPATH="$site:$PYTHONPATH"  # vLLM's own folder first: not the projec
 case "${1:?stage, install or test}" in
 stage)
   shopt -s nullglob
-  for f in .cache/vllm/vllm.tar.0? .cache/vllm/SHA256; do mv -v "$f" "$v/"; done
+  for f in .cache/vllm/vllm.tar.0? .cache/vllm/SHA256*; do mv -v "$f" "$v/"; done  # SHA256 rides with one chunk
   ls -l "$v"
   ;;
 install)
