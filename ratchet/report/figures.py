@@ -170,7 +170,7 @@ GRADIENT_STYLE = {  # variant -> (label, colour, line style, width): exact draws
 def gradient_figure(frame: pd.DataFrame, path: Path) -> Path:
     """1 - cosine and the relative norm difference to the on-policy gradient (log scale)
     against updates, one line per variant, one column per engine dtype; a gradient equal to
-    the reference's (0) has no point."""
+    the reference's (0, off a log axis) is a hollow triangle on the panel's floor."""
     dtypes = list(dict.fromkeys(frame["engine_dtype"]))
     fig, axes = plt.subplots(2, len(dtypes), figsize=(5.2 * len(dtypes), 7.5), squeeze=False,
                              sharex=True)
@@ -182,12 +182,17 @@ def gradient_figure(frame: pd.DataFrame, path: Path) -> Path:
             for variant, (label, colour, style, width) in GRADIENT_STYLE.items():
                 s = part[part["variant"] == variant].sort_values("updates")
                 if not s.empty:
-                    same = (frame.loc[frame["variant"] == variant, "rel_diff"] == 0).all()
-                    ax.plot(s["updates"], _positive(values(s)), marker="o", color=colour, ls=style,
-                            lw=width, label=label + (" (= reference: no point)" if same else ""))
+                    v = np.asarray(values(s), dtype=float)
+                    ax.plot(s["updates"], _positive(v), marker="o", color=colour, ls=style, lw=width,
+                            label=label)
+                    zero = v <= 0
+                    ax.plot(s["updates"][zero], np.full(zero.sum(), 0.03), ls="none", marker="v", ms=9,
+                            mfc="none", mec=colour, mew=1.6, clip_on=False, transform=ax.get_xaxis_transform())
             _log_by_updates(ax, part["updates"], f"{dtype} engine: {title}", f"{title} (log)",
                             bottom=row == 1)
     handles, labels = axes[0][0].get_legend_handles_labels()
+    handles.append(plt.Line2D([], [], ls="none", marker="v", ms=9, mfc="none", mec="grey", mew=1.6))
+    labels.append("on the floor: exactly 0 (the reference's gradient)")
     fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=9, bbox_to_anchor=(0.5, -0.04))
     fig.subplots_adjust(wspace=0.3)
     fig.suptitle("The policy gradient of one fresh batch against the on-policy one (fp32, old = trainer's)")
