@@ -45,3 +45,16 @@ def test_a_hub_model_counts_as_large():
     cfg = validate({"run_name": "paper", "model": {"source": "hub"}, "data": {"source": "hub"}})
     with pytest.raises(InputError, match="the hub model Qwen"):
         preflight.check_device(cfg, "numpy")
+
+
+def test_stages_without_an_engine_run_a_gpu_profile_on_a_cpu(tmp_path, monkeypatch):
+    """ablate_learning only compares runs made on GPUs: it must be able to gather them here."""
+    from ratchet import cli
+
+    monkeypatch.setattr(preflight, "CPU_MAX_PARAMS", 1000)
+    monkeypatch.setattr("ratchet.device.resolve_backend", lambda backend: "numpy")
+    cfg = _local(_gguf(tmp_path / "m.gguf", 4096))
+    cli._preflight("ablate_learning", cfg)
+    cli._preflight("report", cfg)
+    with pytest.raises(InputError, match="no CUDA GPU"):
+        cli._preflight("ablate_learning_run", cfg)
