@@ -1,0 +1,67 @@
+"""Issue 21's record, results/records/h200-learning.json, from the parts that GPU sessions
+bring back one at a time: ablate_learning's comparison (its summary and tables, from
+`python -m ratchet ablate_learning`), the gradient-error table (dev/ablate_record.py's
+record of ablate_gradient) and the two grid conditions (dev/grid_conditions.py). A part not
+given is listed under `parts_missing`, so a partial record never reads as the whole.
+
+    python -m dev.learning_record --learning results/local/ablate \
+        --gradient results/records/h200-gradient.json --grid grid-conditions.json \
+        --commit C --out results/records/h200-learning.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from ratchet.atomic import write_json
+
+PARTS = ("learning", "gradient", "grid_conditions")
+
+
+def learning_part(ablate: Path) -> dict:
+    """The comparison's summary, with every run's row and every paired difference."""
+    summary = ablate / "learning_summary.json"
+    if not summary.is_file():
+        raise SystemExit(f"--learning {ablate}: no learning_summary.json (run `python -m ratchet "
+                         "ablate_learning` over the runs first)")
+    rows = lambda name: pd.read_parquet(ablate / name).to_dict("records")
+    return {"summary": json.loads(summary.read_text()), "runs": rows("learning.parquet"),
+            "differences": rows("learning_diffs.parquet")}
+
+
+def gradient_part(record: Path) -> dict:
+    rec = json.loads(record.read_text())
+    if "gradient_table" not in rec:
+        raise SystemExit(f"--gradient {record}: no gradient_table (a dev.ablate_record record of ablate_gradient)")
+    return {"table": rec["gradient_table"], "commit": rec.get("commit"), "command": rec.get("command")}
+
+
+def build(learning: Path | None, gradient: Path | None, grid: Path | None) -> dict:
+    parts = {"learning": learning and learning_part(learning),
+             "gradient": gradient and gradient_part(gradient),
+             "grid_conditions": grid and json.loads(grid.read_text())}
+    return {**{k: v for k, v in parts.items() if v}, "parts_missing": [k for k in PARTS if not parts[k]]}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--learning", type=Path, help="the ablate/ folder holding ablate_learning's outputs")
+    ap.add_argument("--gradient", type=Path, help="dev.ablate_record's record of an ablate_gradient run")
+    ap.add_argument("--grid", type=Path, help="dev.grid_conditions' record")
+    ap.add_argument("--commit", required=True)
+    ap.add_argument("--machine", default="NVIDIA H200 (one GPU, lent machine)")
+    ap.add_argument("--command", action="append", default=[])
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    record = {"commit": args.commit, "machine": args.machine, "commands": args.command,
+              **build(args.learning, args.gradient, args.grid)}
+    write_json(args.out, record)
+    print(f"wrote {args.out}; missing: {record['parts_missing'] or 'nothing'}")
+
+
+if __name__ == "__main__":
+    main()

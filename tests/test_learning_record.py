@@ -1,0 +1,41 @@
+"""dev/learning_record.py: issue 21's record from the parts GPU sessions bring back; a part
+not given is named as missing, and a folder without the comparison's outputs is refused."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from dev import learning_record
+
+
+def test_the_parts_given_are_kept_and_the_others_named_missing(tmp_path):
+    ablate = tmp_path / "ablate"
+    ablate.mkdir()
+    (ablate / "learning_summary.json").write_text(json.dumps({"learning_steps": 100}))
+    pd.DataFrame([{"dtype": "fp16", "remedy": "none", "accuracy": 0.3}]).to_parquet(ablate / "learning.parquet")
+    pd.DataFrame([{"dtype": "fp16", "a": "none", "b": "fix", "diff": 0.01}]).to_parquet(ablate / "learning_diffs.parquet")
+    (tmp_path / "g.json").write_text(json.dumps({"commit": "c1", "command": "x", "gradient_table": {"fp16": {}}}))
+    out = tmp_path / "r.json"
+    learning_record.main(["--learning", str(ablate), "--gradient", str(tmp_path / "g.json"), "--commit", "c2",
+                          "--out", str(out)])
+    rec = json.loads(out.read_text())
+    assert rec["parts_missing"] == ["grid_conditions"] and rec["commit"] == "c2"
+    assert rec["learning"]["summary"] == {"learning_steps": 100}
+    assert rec["learning"]["runs"] == [{"dtype": "fp16", "remedy": "none", "accuracy": 0.3}]
+    assert rec["learning"]["differences"][0]["b"] == "fix"
+    assert rec["gradient"] == {"table": {"fp16": {}}, "commit": "c1", "command": "x"}
+
+
+def test_a_folder_without_the_comparison_is_refused_by_name(tmp_path):
+    with pytest.raises(SystemExit, match="no learning_summary.json"):
+        learning_record.main(["--learning", str(tmp_path), "--commit", "c", "--out", str(tmp_path / "r.json")])
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_a_record_without_a_gradient_table_is_refused(tmp_path):
+    (tmp_path / "g.json").write_text(json.dumps({"commit": "c"}))
+    with pytest.raises(SystemExit, match="no gradient_table"):
+        learning_record.main(["--gradient", str(tmp_path / "g.json"), "--commit", "c", "--out", str(tmp_path / "r.json")])
