@@ -6,6 +6,9 @@
 #   bash dev/gpu/plan.sh start dev/gpu/plans/NAME.txt
 #   bash dev/gpu/plan.sh wait       # poll up to WAIT_S s (default 540): each step's state, newest lines
 #   bash dev/gpu/plan.sh collect    # every step's $OUT so far -> $OUT/plan/stepN/, with the plan's log
+# A line `#keep GLOB` (a path under the repo) names results a step writes as it goes, such as
+# each finished learning run: every `wait` brings back what exists of them under $OUT/keep/,
+# so a machine taken back mid-step loses only the unfinished part.
 # A failing step is recorded (its rc) and the next one starts. Before: the inputs the steps need
 # in place (wheels, data, model chunks; dev/gpu/assemble-model.sh runs on start).
 set -uo pipefail
@@ -15,6 +18,14 @@ state=${PLAN_STATE:-/root/plan}
 
 steps() {  # the plan's commands, one a line
   grep -vE '^\s*(#|$)' "$state/plan.txt"
+}
+
+keep() {  # what the #keep lines name, copied under $OUT/keep/ with their paths
+  local glob f
+  grep -E '^#keep ' "$state/plan.txt" 2>/dev/null | cut -d' ' -f2- | while read -r glob; do
+    # shellcheck disable=SC2086  # the glob is meant to expand
+    for f in $glob; do [ -f "$f" ] && mkdir -p "$OUT/keep/$(dirname "$f")" && cp "$f" "$OUT/keep/$f"; done
+  done
 }
 
 case "${1:?start, wait or collect}" in
@@ -45,11 +56,13 @@ wait)
   last=$(ls -t "$state"/step*.log 2>/dev/null | head -n 1)
   [ -n "$last" ] && { echo "== $last"; grep -E "^\[" "$last" | tail -n 6 | cut -c1-220; }
   nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
+  keep && [ -d "$OUT/keep" ] && echo "kept: $(find "$OUT/keep" -type f | wc -l) files"
   [ -f "$state/rc" ] && echo "plan done" || echo "still running"
   ;;
 collect)
   mkdir -p "$OUT/plan" && cp -r "$state/out/." "$OUT/plan/" 2>/dev/null
   cp "$state"/*.log "$state/plan.txt" "$OUT/plan/" 2>/dev/null
+  keep
   ls -R "$OUT/plan" | head -40
   ;;
 esac
