@@ -212,3 +212,55 @@ def test_causal_attention_gives_the_masked_answers_and_gradients():
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
     with pytest.raises(ValueError, match="attention 'flash'"):
         policy.token_logprobs(prompts, responses, attention="flash")
+
+
+def _old_rounded(policy: Policy, dtype: str) -> dict[str, torch.Tensor]:
+    """The straight-through sum the cache replaced: w + (round(w) - w), once per call."""
+    from ratchet.trainer.precision import torch_dtype
+
+    return {name: p + (p.detach().to(torch_dtype(dtype)).float() - p.detach())
+            for name, p in policy.named_parameters()}
+
+
+@pytest.mark.parametrize("optimizer", ["plain", "foreach", "fused"])
+def test_the_cached_rounding_follows_every_change_of_the_masters(optimizer):
+    """Values and gradients bit for bit those of w + (round(w) - w), before and after each
+    optimiser step (its in-place update moves the version counter the cache is keyed on) and a
+    reload; a second forward at the same masters rounds nothing again."""
+    from torch.func import functional_call
+
+    from ratchet.trainer.precision import rounded_parameters
+
+    policy, twin = make_policy(), make_policy()
+    opts = [torch.optim.AdamW(p.parameters(), lr=1e-2, foreach=optimizer == "foreach",
+                              fused=True if optimizer == "fused" else None) for p in (policy, twin)]
+    prompts, responses = random_batch(3)
+
+    def loss(module, params):
+        from ratchet.trainer.policy import pack
+
+        batch = pack(prompts, responses, "cpu")
+        chosen, entropy = functional_call(module, params, (batch, 1.0, 7, True, "mask"))
+        return chosen.sum() + 0.1 * entropy.sum()
+
+    for step in range(3):
+        for opt in opts:
+            opt.zero_grad()
+        ours, ref = loss(policy, rounded_parameters(policy, "fp16")), loss(twin, _old_rounded(twin, "fp16"))
+        assert torch.equal(ours, ref), step
+        ours.backward()
+        ref.backward()
+        for (name, p), q in zip(policy.named_parameters(), twin.parameters()):
+            assert torch.equal(p.grad, q.grad), (step, name)
+        for opt in opts:
+            opt.step()
+        assert all(torch.equal(p, q) for p, q in zip(policy.parameters(), twin.parameters()))
+    weights = random_weights(make_cfg(), seed=3)
+    policy.load_weights(weights)
+    twin.load_weights(weights)
+    with torch.no_grad():
+        assert torch.equal(loss(policy, rounded_parameters(policy, "bf16")), loss(twin, _old_rounded(twin, "bf16")))
+    rounded_parameters(policy, "bf16")  # the masters have not moved since: nothing to round
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        rounded_parameters(policy, "bf16")
+    assert not [e.name for e in prof.events() if e.name in ("aten::_to_copy", "aten::sub", "aten::add")]

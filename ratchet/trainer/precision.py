@@ -8,6 +8,7 @@ import contextlib
 
 import torch
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -18,15 +19,51 @@ def torch_dtype(name: str) -> torch.dtype:
     return TORCH_DTYPES[name]
 
 
+# Optimiser steps taken in this process, by any optimiser: fused AdamW updates the parameters
+# in place without moving their version counters, so the rounding cache below keys on this too.
+_optimizer_steps = [0]
+
+
+def _count_step(optimizer, args, kwargs) -> None:
+    _optimizer_steps[0] += 1
+
+
+register_optimizer_step_post_hook(_count_step)
+
+
+class _StraightThrough(torch.autograd.Function):
+    """The forward sees `value`, the gradient goes to `param` unchanged."""
+
+    @staticmethod
+    def forward(ctx, param, value):
+        return value.view_as(value)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
 def rounded_parameters(module: nn.Module, dtype: str) -> dict[str, torch.Tensor]:
     """Each parameter's value rounded to `dtype` (kept in fp32), with a straight-through gradient.
 
-    Exact: round(w) - w is exact in fp32 (the two are within a factor of two), so adding it
-    back to w gives round(w) bit for bit.
+    round(w) is computed once per value of the masters, not once per micro-batch: a cache on
+    the module keyed by the process's optimiser step count (any optimiser's step, fused ones
+    included), the parameter's version counter (any other in-place change: a load, a restore)
+    and its storage. The values are those of
+    w + (round(w) - w), bit for bit: round(w) - w is exact in fp32 (the two are within a
+    factor of two), so adding it back to w gives round(w); the gradient is the same identity.
     """
     target = torch_dtype(dtype)
-    return {name: p + (p.detach().to(target).float() - p.detach())
-            for name, p in module.named_parameters()}
+    cache = module.__dict__.setdefault("_rounded_cache", {})
+    out = {}
+    for name, p in module.named_parameters():
+        key, stamp = (name, target), (_optimizer_steps[0], p._version, p.data_ptr(), p.shape)
+        hit = cache.get(key)
+        if hit is None or hit[0] != stamp:
+            with torch.no_grad():
+                hit = cache[key] = (stamp, p.detach().to(target).float())
+        out[name] = _StraightThrough.apply(p, hit[1]) if p.requires_grad else hit[1]
+    return out
 
 
 def autocast(device_type: str, dtype: str) -> contextlib.AbstractContextManager:
