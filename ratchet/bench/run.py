@@ -8,25 +8,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 import traceback
 
-import cupy as cp
-
-from ratchet.bench.decode import (
-    bench_decode,
-    bench_engine,
-    bench_throughput,
-    profile_decode,
-)
 from ratchet.bench.headline import headline
-from ratchet.bench.hf import bench_hf
-from ratchet.bench.sampler import bench_sampler
-from ratchet.bench.sync import bench_sync
-from ratchet.bench.telemetry import bench_telemetry
-from ratchet.bench.workload import SHAPES, random_torch_weights
-from ratchet.engine.cuda import launch
-from ratchet.engine.factory import make_backend
+from ratchet.bench.workload import SHAPES
 
 SECTIONS = ("decode", "profile", "throughput", "profile_big", "engine", "hf", "sync", "sampler", "telemetry")
 
@@ -36,6 +23,22 @@ def bench(batch: int = 64, big_batch: int = 512, prompt_len: int = 128, new_toke
           shape: str = "qwen2.5-0.5b") -> dict:
     """Each section's figures (or its error); see the module docstring. The hf section runs
     transformers at the 0.5B shapes whatever `shape` is."""
+    import cupy as cp
+
+    from ratchet.bench.decode import (
+        bench_decode,
+        bench_engine,
+        bench_throughput,
+        profile_decode,
+    )
+    from ratchet.bench.hf import bench_hf
+    from ratchet.bench.sampler import bench_sampler
+    from ratchet.bench.sync import bench_sync
+    from ratchet.bench.telemetry import bench_telemetry
+    from ratchet.bench.workload import random_torch_weights
+    from ratchet.engine.cuda import launch
+    from ratchet.engine.factory import make_backend
+
     results: dict = {"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "dtype": dtype,
                      "shape": shape, "programmatic_dependent_launch": launch.enabled()}
     cfg = SHAPES[shape]()
@@ -86,11 +89,22 @@ def main() -> None:
     ap.add_argument("--big-batch", type=int, default=512)
     ap.add_argument("--shape", choices=tuple(SHAPES), default="qwen2.5-0.5b")
     args = ap.parse_args()
+    unknown = set(args.sections.split(",")) - set(SECTIONS)
+    if unknown:
+        ap.error(f"--sections: {sorted(unknown)} not among {', '.join(SECTIONS)}")
+    from ratchet.device import cuda_available
+
+    if not cuda_available():
+        sys.exit("ratchet.bench: needs CuPy and a CUDA GPU (it measures the CUDA engine); "
+                 "on a GPU machine: pip install 'ratchet[cuda]'")
     res = bench(batch=args.batch, big_batch=args.big_batch, dtype=args.dtype, sections=args.sections.split(","),
                 shape=args.shape)
     res["headline"] = headline(res)
     text = json.dumps(res, indent=2, default=float)
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+        from pathlib import Path
+
+        from ratchet.atomic import write_text
+
+        write_text(Path(args.out), text + "\n")
     print(text)

@@ -3,8 +3,6 @@ and CUDA-event timing on a stream."""
 
 from __future__ import annotations
 
-import cupy as cp
-
 from ratchet.model.config import ModelConfig
 from ratchet.model.layout import expected_shapes
 
@@ -57,6 +55,8 @@ class Events:
         self.ms: list[float] = []
 
     def time(self, stream):
+        import cupy as cp
+
         ev = self
 
         class _Ctx:
