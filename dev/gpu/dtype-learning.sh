@@ -21,7 +21,7 @@ start)
   sleep 15 && tail -3 "$state/run.log"
   ;;
 run)
-  t0=$(date +%s)
+  mkdir -p "$state" && t0=$(date +%s)
   for stage in download_model download_data convert_weights build_engine; do
     python3 -m ratchet "$stage" --config config/local.yaml run_name="$run" || { echo 1 > "$state/rc"; exit 1; }
   done

@@ -30,7 +30,7 @@ start)
   sleep 20 && tail -3 "$state/run.log"
   ;;
 run)
-  t0=$(date +%s)
+  mkdir -p "$state" && t0=$(date +%s)
   case ",$SECTIONS," in *,weights,*)
     python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_cuda_weights.py -k copy_many > "$state/pytest-weights.txt" 2>&1 ;; esac
   case ",$SECTIONS," in *,resume,*)

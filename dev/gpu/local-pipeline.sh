@@ -15,8 +15,10 @@
 set -uo pipefail
 source dev/gpu/env.sh
 source dev/gpu/detached.sh
-state=/root/pipeline
-command="snakemake --cores all --configfile config/local.yaml"
+# PROFILE=local-1.5b for config/local-1.5b.yaml (results/local-1.5b, record h200-local-1.5b)
+profile=${PROFILE:-local}
+state=/root/pipeline-$profile
+command="snakemake --cores all --configfile config/$profile.yaml"
 
 case "${1:?start, wait or collect}" in
 start)
@@ -32,6 +34,7 @@ PY
   sleep 20 && tail -5 "$state/snakemake.log"
   ;;
 run)
+  mkdir -p "$state"
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 1000 > "$state/gpu_mem_mib.txt" &
   sampler=$!
   run_timed "$state" $command
@@ -40,7 +43,7 @@ run)
 wait)
   wait_done "$state"
   grep -E "^\[|Finished jobid|Error|error|Exiting" "$state/snakemake.log" | tail -25
-  for f in results/local/logs/*.log; do echo "== $f: $(grep -v '^\s*$' "$f" | tail -1 | cut -c1-240)"; done
+  for f in "results/$profile"/logs/*.log; do echo "== $f: $(grep -v '^\s*$' "$f" | tail -1 | cut -c1-240)"; done
   sort -n "$state/gpu_mem_mib.txt" | tail -1 | sed 's/^/peak GPU memory MiB so far: /'
   [ -f "$state/rc" ] && echo "pipeline rc $(cat "$state/rc"), wall $(cat "$state/wall_s") s" || echo "still running"
   bash dev/gpu/local-pipeline.sh collect > /dev/null  # what is done so far, in case the device goes
@@ -49,10 +52,10 @@ collect)
   # the machine's copy of .git can be stale: carry .cache/commit (git rev-parse HEAD > .cache/commit)
   [ -f .cache/commit ] && export RATCHET_COMMIT=$(cat .cache/commit)
   wall=(); [ -f "$state/wall_s" ] && wall=(--wall-s "$(cat "$state/wall_s")")
-  python3 -m dev.record --run results/local --out "$OUT/h200-local" "${wall[@]}" \
-    --command "$command" --config config/local.yaml --gpu-samples "$state/gpu_mem_mib.txt"
-  cp "$state/snakemake.log" "$OUT/h200-local/"
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/h200-local/nvidia-smi.txt"
-  tar czf "$OUT/h200-local.tgz" -C "$OUT" h200-local && rm -rf "$OUT/h200-local"
+  python3 -m dev.record --run "results/$profile" --out "$OUT/h200-$profile" "${wall[@]}" \
+    --command "$command" --config "config/$profile.yaml" --gpu-samples "$state/gpu_mem_mib.txt"
+  cp "$state/snakemake.log" "$OUT/h200-$profile/"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/h200-$profile/nvidia-smi.txt"
+  tar czf "$OUT/h200-$profile.tgz" -C "$OUT" "h200-$profile" && rm -rf "$OUT/h200-$profile"
   ;;
 esac
