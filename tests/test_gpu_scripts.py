@@ -1,0 +1,45 @@
+"""The GPU machine's scripts (dev/gpu/): every one parses, and plan.sh runs a plan's steps one
+after another, each with its own $OUT, records a failing step and goes on, and brings back
+what its #keep lines name."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+GPU = Path(__file__).resolve().parents[1] / "dev" / "gpu"
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in GPU.glob("*.sh")))
+def test_every_gpu_script_parses(script):
+    assert subprocess.run(["bash", "-n", str(GPU / script)], capture_output=True, check=False).returncode == 0
+
+
+def test_a_plan_runs_its_steps_in_order_past_a_failure_and_keeps_what_it_names(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "dev" / "gpu").mkdir(parents=True)
+    for name in ("plan.sh", "env.sh", "detached.sh"):  # a copy without .whl/: env.sh installs nothing
+        shutil.copy(GPU / name, repo / "dev" / "gpu" / name)
+    (repo / "results").mkdir()
+    state, out = tmp_path / "state", tmp_path / "out"
+    state.mkdir()
+    (state / "plan.txt").write_text("# a comment\n#keep results/*.txt\n\necho one > \"$OUT/a.txt\"\nexit 3\n"
+                                    "echo kept > results/r.txt && echo two > \"$OUT/b.txt\"\n")
+    env = {"PATH": "/usr/bin:/bin", "PLAN_STATE": str(state), "HOME": str(tmp_path)}
+    run = lambda *args, **kw: subprocess.run(["bash", "dev/gpu/plan.sh", *args], cwd=repo, capture_output=True,  # noqa: E731
+                                             text=True, check=False, env={**env, **kw})
+    assert run("run").returncode == 0
+    log = (state / "plan.log").read_text().splitlines()
+    assert [line.split(": ")[0].split(" start")[0] for line in log if " start " in line] == \
+        ["[plan] step 1/3", "[plan] step 2/3", "[plan] step 3/3"]
+    assert "[plan] step 2/3 rc 3" in "\n".join(log) and log[-1].startswith("[plan] done")
+    assert (state / "out" / "step1" / "a.txt").read_text() == "one\n"
+    assert (state / "out" / "step3" / "b.txt").read_text() == "two\n"
+    out.mkdir()
+    polled = run("collect", OUT=str(out))
+    assert polled.returncode == 0, polled.stderr
+    assert (out / "plan" / "step3" / "b.txt").is_file() and (out / "plan" / "plan.log").is_file()
+    assert (out / "keep" / "results" / "r.txt").read_text() == "kept\n"
