@@ -29,7 +29,7 @@ def test_a_plan_runs_its_steps_in_order_past_a_failure_and_keeps_what_it_names(t
     (state / "plan.txt").write_text("# a comment\n#keep results/*.txt\n\necho one > \"$OUT/a.txt\"\nexit 3\n"
                                     "echo kept > results/r.txt && echo two > \"$OUT/b.txt\"\n")
     env = {"PATH": "/usr/bin:/bin", "PLAN_STATE": str(state), "HOME": str(tmp_path)}
-    run = lambda *args, **kw: subprocess.run(["bash", "dev/gpu/plan.sh", *args], cwd=repo, capture_output=True,  # noqa: E731
+    run = lambda *args, **kw: subprocess.run(["bash", "dev/gpu/plan.sh", *args], cwd=repo, capture_output=True,
                                              text=True, check=False, env={**env, **kw})
     assert run("run").returncode == 0
     log = (state / "plan.log").read_text().splitlines()
