@@ -49,15 +49,17 @@ def rounded_parameters(module: nn.Module, dtype: str) -> dict[str, torch.Tensor]
     round(w) is computed once per value of the masters, not once per micro-batch: a cache on
     the module keyed by the process's optimiser step count (any optimiser's step, fused ones
     included), the parameter's version counter (any other in-place change: a load, a restore)
-    and its storage. The values are those of
-    w + (round(w) - w), bit for bit: round(w) - w is exact in fp32 (the two are within a
-    factor of two), so adding it back to w gives round(w); the gradient is the same identity.
+    and its storage. The values are those of w + (round(w) - w), bit for bit: round(w) - w is
+    exact in fp32 (the two are within a factor of two), so adding it back to w gives round(w);
+    the gradient is the same identity.
     """
     target = torch_dtype(dtype)
     cache = module.__dict__.setdefault("_rounded_cache", {})
     out = {}
     for name, p in module.named_parameters():
-        key, stamp = (name, target), (_optimizer_steps[0], p._version, p.data_ptr(), p.shape)
+        # one entry a parameter, whatever the dtype: the cache holds at most one fp32 copy of the
+        # masters (a trainer scoring fp16 then bf16 weights, as the decomposition does, rounds again)
+        key, stamp = name, (target, _optimizer_steps[0], p._version, p.data_ptr(), p.shape)
         hit = cache.get(key)
         if hit is None or hit[0] != stamp:
             with torch.no_grad():
