@@ -113,11 +113,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--variants", default="colocated:fp32,colocated:bf16,split:bf16")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--switch-interval-ms", type=float, default=None,
+                    help="the interpreter's thread switch interval in each variant's process (Python's "
+                         "default 5 ms): how long the engine's thread may wait for the GIL in split on one GPU")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # a child: run this variant, JSON to --out
     args = ap.parse_args(argv)
     if args.steps < 3:
         raise SystemExit("--steps: at least 3 (the first two are warm-up)")
+    if args.switch_interval_ms is not None and args.switch_interval_ms <= 0:
+        raise SystemExit(f"--switch-interval-ms: must be > 0, got {args.switch_interval_ms}")
     if args.one:
+        if args.switch_interval_ms is not None:
+            sys.setswitchinterval(args.switch_interval_ms / 1e3)
         with tempfile.TemporaryDirectory() as tmp:
             result = run_variant(args.config, args.overrides, parse_variant(args.one), args.steps, Path(tmp))
         Path(args.out).write_text(json.dumps(result, indent=1))
@@ -130,6 +137,8 @@ def main(argv: list[str] | None = None) -> None:
                str(args.steps), "--one", variant["name"], "--out", str(part)]
         for o in args.overrides:
             cmd += ["--set", o]
+        if args.switch_interval_ms is not None:
+            cmd += ["--switch-interval-ms", str(args.switch_interval_ms)]
         print(f"[grpo_step] {variant['name']}: {args.steps} steps", flush=True)
         child = subprocess.Popen(cmd)
         memory = GpuMemory(child.pid)
@@ -155,6 +164,7 @@ def write(args, results: list[dict], done: bool) -> None:
     out = Path(args.out)
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps({"config": args.config, "overrides": args.overrides, "steps": args.steps,
+                               "switch_interval_ms": args.switch_interval_ms or sys.getswitchinterval() * 1e3,
                                "complete": done, "variants": results}, indent=1))
     tmp.replace(out)
 

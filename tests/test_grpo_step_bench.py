@@ -28,3 +28,8 @@ def test_bench_records_each_variants_medians(tmp_path):
     assert record["complete"] and [v["name"] for v in record["variants"]] == ["colocated:fp32", "split:fp32:fix"]
     for v in record["variants"]:
         assert v["median"]["time/step_s"] > 0 and len(v["per_step_s"]) == 3
+
+
+def test_a_switch_interval_must_be_positive():
+    with pytest.raises(SystemExit, match="switch-interval-ms: must be > 0"):
+        grpo_step.main(["--steps", "3", "--switch-interval-ms", "0", "--out", "x.json"])
