@@ -6,7 +6,9 @@ Medians over the steps after the first two (warm-up: graph capture, allocator gr
     python -m dev.grpo_step --config config/local.yaml --steps 12 \\
         --variants colocated:fp32,split:bf16,colocated:fp32:exact --out grpo-step.json
 
-A variant is MODE:COMPUTE[:FIX], FIX one of none (default), fix (rounded weights), exact."""
+A variant is MODE:COMPUTE[:FIX], FIX one of none (default), fix (rounded weights), exact.
+`--overhead FILE` reads such a record back: each exact variant's cost over the fix variant of
+the same mode and arithmetic, per step and per trained token."""
 
 from __future__ import annotations
 
@@ -36,6 +38,23 @@ def parse_variant(text: str) -> dict:
         raise SystemExit(f"--variants: {text!r} is not MODE:COMPUTE[:FIX] (mode colocated|split, "
                          f"compute fp32|fp16|bf16, fix {'|'.join(FIXES)})")
     return {"name": text, "mode": parts[0], "compute_dtype": parts[1], "fix": parts[2] if len(parts) == 3 else "none"}
+
+
+def exact_fix_overhead(record: dict) -> dict:
+    """{exact variant: its step-median share over the matching fix variant's, raw and per
+    trained token}. The two sample different answers (the batch-invariant engine's
+    log-probabilities differ in the last bits), so their steps train different token counts:
+    per token is the figure to quote."""
+    medians = {v["name"]: v["median"] for v in record["variants"] if "median" in v}
+    out = {}
+    for name, exact in medians.items():
+        fix = medians.get(name.removesuffix(":exact") + ":fix") if name.endswith(":exact") else None
+        if fix is None:
+            continue
+        step, tokens = "time/step_s", "train/num_tokens"
+        out[name] = {"raw_median": exact[step] / fix[step] - 1,
+                     "per_token": (exact[step] / exact[tokens]) / (fix[step] / fix[tokens]) - 1}
+    return out
 
 
 def prepare(cfg: dict) -> None:
@@ -112,12 +131,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--variants", default="colocated:fp32,colocated:bf16,split:bf16")
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out")
+    ap.add_argument("--overhead", metavar="FILE", help="a record of this bench: the exact fix's cost over the fix")
     ap.add_argument("--switch-interval-ms", type=float, default=None,
                     help="the interpreter's thread switch interval in each variant's process (Python's "
                          "default 5 ms): how long the engine's thread may wait for the GIL in split on one GPU")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # a child: run this variant, JSON to --out
     args = ap.parse_args(argv)
+    if args.overhead:
+        print(json.dumps(exact_fix_overhead(json.loads(Path(args.overhead).read_text())), indent=1))
+        return
+    if not args.out:
+        ap.error("--out is required (or --overhead FILE)")
     if args.steps < 3:
         raise SystemExit("--steps: at least 3 (the first two are warm-up)")
     if args.switch_interval_ms is not None and args.switch_interval_ms <= 0:

@@ -33,3 +33,15 @@ def test_bench_records_each_variants_medians(tmp_path):
 def test_a_switch_interval_must_be_positive():
     with pytest.raises(SystemExit, match="switch-interval-ms: must be > 0"):
         grpo_step.main(["--steps", "3", "--switch-interval-ms", "0", "--out", "x.json"])
+
+
+def test_the_exact_fix_overhead_pairs_each_exact_variant_with_its_fix_per_step_and_per_token():
+    record = {"variants": [
+        {"name": "colocated:fp32:fix", "median": {"time/step_s": 2.0, "train/num_tokens": 1000.0}},
+        {"name": "colocated:fp32:exact", "median": {"time/step_s": 2.2, "train/num_tokens": 800.0}},
+        {"name": "split:fp16:exact", "median": {"time/step_s": 1.0, "train/num_tokens": 10.0}},  # no fix twin
+        {"name": "split:fp16", "error": "exit status 1"}]}
+    got = grpo_step.exact_fix_overhead(record)
+    assert set(got) == {"colocated:fp32:exact"}
+    assert abs(got["colocated:fp32:exact"]["raw_median"] - 0.1) < 1e-12
+    assert abs(got["colocated:fp32:exact"]["per_token"] - (2.2 / 800 / (2.0 / 1000) - 1)) < 1e-12
