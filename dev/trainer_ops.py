@@ -11,9 +11,11 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+from pathlib import Path
 
 import torch
 
+from ratchet.atomic import write_text
 from ratchet.model.config import ModelConfig
 from ratchet.trainer.policy import Policy
 
@@ -60,9 +62,7 @@ def main() -> None:
     text = json.dumps(rows, indent=1)
     print(text)
     if args.out:
-        from pathlib import Path
-
-        Path(args.out).write_text(text + "\n")
+        write_text(Path(args.out), text + "\n")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,9 @@ import json
 import sys
 import time
 import traceback
+from pathlib import Path
 
+from ratchet.atomic import write_text
 from ratchet.bench.headline import headline
 from ratchet.bench.workload import SHAPES
 
@@ -102,9 +104,5 @@ def main() -> None:
     res["headline"] = headline(res)
     text = json.dumps(res, indent=2, default=float)
     if args.out:
-        from pathlib import Path
-
-        from ratchet.atomic import write_text
-
         write_text(Path(args.out), text + "\n")
     print(text)
