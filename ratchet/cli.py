@@ -17,8 +17,7 @@ from ratchet.stages import CONFIG_ENV, STAGES, run_stage
 from ratchet.stages.registry import COMMON
 
 # stages that only fetch, convert or tabulate: no engine or trainer, so any machine will do
-# stages that start no engine: a GPU profile's runs can be gathered on a CPU (ablate_learning
-# compares runs made on GPUs, possibly in different sessions)
+# (ablate_learning compares runs made on GPUs, possibly in different sessions, on a CPU too)
 NO_ENGINE = ("download_model", "download_data", "convert_weights", "report", "ablate_learning")
 TEMPLATE = RunPaths(Path("<results_dir>"), "<run_name>")
 
