@@ -40,13 +40,23 @@ PLANNED = re.compile(r"^\[ablate_decompose_vllm\] \d+/(\d+) updates", re.MULTILI
 def decomposition_from_log(path: Path) -> dict:
     """The rows a decomposition printed (mean and max only), and whether it reached its last
     update count: for a run stopped before it wrote its table, never to pass for a whole one."""
-    text = path.read_text()
+    return decomposition_from_log_text(path.read_text(), path.name)
+
+
+def decomposition_from_log_text(text: str, name: str) -> dict:
     rows = [{"updates": int(u), "backend": b, "engine_dtype": d, "source": src, "abs_diff_mean": float(mean),
              "abs_diff_max": float(mx)} for u, b, d, src, mean, mx in ROW.findall(text)]
     planned = max((int(n) for n in PLANNED.findall(text)), default=None)
     measured = sorted({r["updates"] for r in rows})
-    return {"log": path.name, "planned_updates": planned, "updates_measured": measured,
+    return {"log": name, "planned_updates": planned, "updates_measured": measured,
             "complete": planned is not None and bool(measured) and measured[-1] >= planned, "rows": rows}
+
+
+def merge_decomposition(old: list[dict], new: list[dict]) -> list[dict]:
+    """`old`'s rows with those of every engine dtype `new` measures replaced by `new`'s (a later
+    session's bf16 table beside an earlier fp16 one)."""
+    dtypes = {r["engine_dtype"] for r in new}
+    return [r for r in old if r["engine_dtype"] not in dtypes] + new
 
 
 def take_section(bench: dict, item: str, commit: str | None) -> tuple[str, str]:
@@ -64,7 +74,8 @@ def main() -> None:
     ap.add_argument("--over", help="an earlier record to start from: its bench, tables and tests kept")
     ap.add_argument("--sections-from", action="append", default=[], metavar="NAME=FILE[:SECTION]",
                     help="a section taken from a later run of the bench (a fix rerun alone), stored as NAME")
-    ap.add_argument("--decompose")
+    ap.add_argument("--decompose", action="append", default=[],
+                    help="a decomposition table; with --over its engine dtypes replace the earlier rows")
     ap.add_argument("--decompose-log", help="a decomposition's printed rows, for a run stopped before its table")
     ap.add_argument("--pytest")
     ap.add_argument("--commit", required=True)
@@ -88,8 +99,12 @@ def main() -> None:
     bench["headline"] = headline(bench)
     if args.decompose_log:
         record["decompose_vllm_from_log"] = decomposition_from_log(Path(args.decompose_log))
-    if args.decompose:
-        record["decompose_vllm"] = decomposition(Path(args.decompose))
+    for path in args.decompose:
+        rows = decomposition(Path(path))
+        record["decompose_vllm"] = merge_decomposition(record.get("decompose_vllm", []), rows)
+        cut = record.get("decompose_vllm_from_log")
+        if cut and {r["engine_dtype"] for r in cut["rows"]} <= {r["engine_dtype"] for r in rows}:
+            del record["decompose_vllm_from_log"]  # a whole table of the same dtypes supersedes it
     if args.pytest:
         text = Path(args.pytest).read_text()
         record["gpu_tests"] = re.findall(r"^(PASSED|FAILED|ERROR|SKIPPED) (\S+)", text, re.MULTILINE)

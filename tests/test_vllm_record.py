@@ -73,3 +73,21 @@ def test_the_record_wants_one_base(monkeypatch, tmp_path):
     monkeypatch.setattr(sys, "argv", ["vllm_record", "--commit", "c", "--out", str(tmp_path / "r.json")])
     with pytest.raises(SystemExit):
         vllm_record.main()
+
+
+def test_a_later_whole_table_replaces_its_dtypes_rows_and_the_cut_short_log(tmp_path, monkeypatch):
+    row = {"source": "total", "updates": 30, "abs_diff_mean": 1e-3, "abs_diff_p99": 2e-3, "abs_diff_max": 1e-2,
+           "kl_k3": 0.0, "num_tokens": 10}
+    earlier = {"machine": "H200", "commit": "old", "commands": [], "sections_from_other_runs": {}, "bench": {},
+               "decompose_vllm": [{**row, "backend": "vllm", "engine_dtype": d} for d in ("fp16", "bf16")],
+               "decompose_vllm_from_log": vllm_record.decomposition_from_log_text(LOG, "cut.txt")}
+    (tmp_path / "old.json").write_text(json.dumps(earlier))
+    pd.DataFrame([{**row, "backend": "vllm", "engine_dtype": "bf16", "abs_diff_mean": 5e-3}]).to_parquet(
+        tmp_path / "bf16.parquet")
+    out = tmp_path / "r.json"
+    monkeypatch.setattr(sys, "argv", ["vllm_record", "--over", str(tmp_path / "old.json"), "--commit", "new",
+                                      "--decompose", str(tmp_path / "bf16.parquet"), "--out", str(out)])
+    vllm_record.main()
+    rec = json.loads(out.read_text())
+    assert [(r["engine_dtype"], r["abs_diff_mean"]) for r in rec["decompose_vllm"]] == [("fp16", 1e-3), ("bf16", 5e-3)]
+    assert "decompose_vllm_from_log" not in rec
