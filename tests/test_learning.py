@@ -23,6 +23,7 @@ from ratchet.mismatch.learning import (
     difference_table,
     learning_run,
     record,
+    remedy_setup,
     run_table,
 )
 from ratchet.mismatch.paired import holm, paired_difference
@@ -160,7 +161,6 @@ def test_the_local_profile_is_the_study():
 def tiny(tmp_path_factory):
     """A seeded tiny Qwen2 model converted to fp16, the synthetic task and 30 test problems."""
     import torch
-
     from tiny_setup import tiny_setup
 
     threads = torch.get_num_threads()
@@ -198,6 +198,50 @@ def test_evals_do_not_change_the_training_and_runs_repeat_bit_for_bit(tiny):
     pd.testing.assert_frame_equal(a_steps, b_steps)
     final = lambda df: df[df["step"] == 4].reset_index(drop=True)  # noqa: E731
     pd.testing.assert_frame_equal(final(a_answers), final(b_answers))
+
+
+def test_evals_on_their_own_engine_see_the_trajectorys_weights_and_score_the_same(tiny, monkeypatch):
+    """On CUDA the evals run on a separate fast engine synced before each eval; here a second
+    NumPy engine stands in for it: at every eval it holds the trajectory engine's weights."""
+    import ratchet.rl.evaluate as evaluate_module
+
+    real, seen = evaluate_module.evaluate, []
+
+    def spy(engine, *args, **kwargs):
+        seen.append(sorted(engine.weight_checksums().items()))
+        return real(engine, *args, **kwargs)
+
+    monkeypatch.setattr(evaluate_module, "evaluate", spy)
+    s = ablate_settings(**SETTINGS)
+    learning = LearningSettings(steps=3, eval_every=1, engine_dtypes=("fp16",), runs=("none",))
+    assert tiny.eval_engine("fp16") is None  # NumPy: the trajectory's own engine
+    a_steps, a_answers = learning_run(tiny, s, learning, "fp16", "none")
+    on_trajectory, seen[:] = list(seen), []
+    monkeypatch.setattr(type(tiny), "eval_engine", lambda self, dtype: self.engine(dtype))
+    b_steps, b_answers = learning_run(tiny, s, learning, "fp16", "none")
+    assert seen == on_trajectory and len({str(c) for c in seen}) > 1  # synced, and the weights moved
+    pd.testing.assert_frame_equal(a_steps, b_steps)
+    pd.testing.assert_frame_equal(a_answers, b_answers)
+
+
+def test_a_cuda_setup_evaluates_on_an_engine_that_is_not_batch_invariant(tiny, monkeypatch):
+    import dataclasses
+
+    import ratchet.engines
+
+    made = []
+    monkeypatch.setattr(ratchet.engines, "make_engine", lambda model, **kw: made.append(kw) or "engine")
+    cuda = dataclasses.replace(tiny, backend="cuda", eval_max_batch_size=512)
+    assert cuda.eval_engine("fp16") == "engine"
+    assert made[-1]["batch_invariant"] is False and made[-1]["max_batch_size"] == 512
+    assert dataclasses.replace(cuda, batch_invariant=False).eval_engine("fp16") is None
+
+
+@pytest.mark.parametrize("remedy, invariant", [("none", False), ("tis", False), ("mis", False), ("fix", False),
+                                               ("exact", True)])
+def test_only_the_exact_fix_samples_on_a_batch_invariant_engine(tiny, remedy, invariant):
+    cfg = ablate_settings(**SETTINGS).grpo(remedy, 2)
+    assert remedy_setup(tiny, cfg).batch_invariant is invariant and tiny.batch_invariant
 
 
 def test_a_run_the_settings_do_not_ask_for_is_refused(tiny):

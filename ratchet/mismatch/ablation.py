@@ -105,21 +105,36 @@ class Setup:
     # that teacher forcing (the exact fix) reproduces a rollout's bits in any grouping
     batch_invariant: bool = True
     vllm_options: dict | None = None  # the `engine.vllm` section (backend vllm)
+    eval_max_batch_size: int = 64  # rows of the engine the greedy evals run on (eval_engine)
 
-    def engine(self, dtype: str, weights=None, backend: str | None = None):
+    def engine(self, dtype: str, weights=None, backend: str | None = None, batch_invariant: bool | None = None,
+               max_batch_size: int | None = None):
         """A fresh engine of `dtype` on `weights` (the converted ones by default), rounded, on
-        `backend` (the setup's by default; vLLM has no batch-invariant mode)."""
+        `backend` (the setup's by default; vLLM has no batch-invariant mode); the setup's
+        batch invariance and rows unless given."""
         from ratchet.engines import make_engine
         from ratchet.model.dtypes import round_to
         from ratchet.model.io import EngineModel
 
         backend = backend or self.backend
         weights = self.model.weights if weights is None else weights
+        invariant = self.batch_invariant if batch_invariant is None else batch_invariant
         model = EngineModel(self.model.cfg, {k: round_to(v, dtype) for k, v in weights.items()}, dtype)
-        return make_engine(model, backend=backend, max_batch_size=self.max_batch_size,
-                           max_seq_len=self.max_seq_len,
-                           batch_invariant=self.batch_invariant and backend != "vllm",
+        return make_engine(model, backend=backend, max_batch_size=max_batch_size or self.max_batch_size,
+                           max_seq_len=self.max_seq_len, batch_invariant=invariant and backend != "vllm",
                            vllm_options=self.vllm_options)
+
+    def eval_engine(self, dtype: str):
+        """The engine a run's greedy evals use, or None for the trajectory's own. A batch-invariant
+        CUDA engine runs every step at its one bucket and prefills by decode steps, which is
+        right for the rollouts a replay must reproduce and far too slow for an eval of every
+        test problem; greedy answers need no replay, so on CUDA they run on the product's
+        engine (every bucket, packed prefill), synced from the same masters before each eval.
+        The NumPy engine is batch-invariant at full speed and vLLM has no such mode: both
+        evaluate on the trajectory's engine."""
+        if self.backend != "cuda" or not self.batch_invariant:
+            return None
+        return self.engine(dtype, batch_invariant=False, max_batch_size=self.eval_max_batch_size)
 
 
 class Trajectory:
