@@ -71,6 +71,44 @@ def test_inplace_sync_bit_equal_to_reload(dtype):
         np.testing.assert_array_equal(host(synced.prefill(0, prompt)), host(reloaded.prefill(0, prompt)))
 
 
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_flat_masters_sync_as_one_range_and_a_subset_as_several(dtype):
+    """The trainer's CUDA masters (one flat buffer) into the engine's flat buffers: one range,
+    convert_f32; every other tensor alone: no range merges across the ones left out, which
+    keep their bits. Both bit for bit what a reload of the rounded masters gives."""
+    import cupy as cp
+    import torch
+
+    from ratchet.engine.cuda.backend import CudaBackend
+    from ratchet.trainer.policy import Policy
+
+    cfg = small_config("a")
+    policy = Policy.from_weights(cfg, random_weights(cfg, seed=3), device="cuda")
+    engine = CudaBackend(cfg, dtype, 4, 64)
+    engine.load_weights(random_weights(cfg, 1, dtype))
+
+    def held(name) -> np.ndarray:
+        return cp.asnumpy(engine.weights[name].view(cp.uint16))
+
+    def rounded(t) -> np.ndarray:  # the 16-bit pattern of the master rounded on the host
+        r = round_to(t.cpu().numpy(), dtype)
+        return (r.view(np.uint32) >> 16).astype(np.uint16) if dtype == "bf16" else r.astype(np.float16).view(np.uint16)
+
+    masters = policy.export_weights()
+    engine.update_weights(masters)
+    assert engine.weight_sync._plan.range is not None  # the whole sync: one range
+    for name, t in masters.items():
+        np.testing.assert_array_equal(held(name), rounded(t), err_msg=name)
+    before = {name: held(name) for name in masters}
+    with torch.no_grad():
+        for t in masters.values():
+            t.add_(0.125)
+    engine.update_weights({name: t for i, (name, t) in enumerate(masters.items()) if i % 2})
+    assert engine.weight_sync._plan.range is None
+    for i, (name, t) in enumerate(masters.items()):
+        np.testing.assert_array_equal(held(name), rounded(t) if i % 2 else before[name], err_msg=name)
+
+
 @pytest.mark.parametrize("kernel", ["search", "default", "table-8192-4-1-0", "table-4096-4-0-1", "table-1024-8-0-1"])
 def test_copy_many_odd_sizes_misaligned_sources(kernel):
     """One launch over tensors of odd sizes (chunk edges, tails), torch tensors (pointer path)

@@ -284,8 +284,13 @@ def test_colocated_two_gloo_workers_match_one(cfg, tmp_path):
     m2, m1 = (pd.read_parquet(tmp_path / n / "metrics.parquet") for n in ("w2", "w1"))
     for key in ("train/reward", "train/num_tokens", "train/num_sequences", "train/groups_skipped_share"):
         assert m2[key].tolist() == m1[key].tolist(), key
-    for key in ("train/loss", "train/entropy", "mismatch/logprob_abs_diff_mean", "train/grad_norm"):
+    for key in ("train/loss", "train/entropy", "train/grad_norm"):
         assert np.allclose(m2[key], m1[key], rtol=1e-4, atol=1e-7), (key, m2[key].tolist(), m1[key].tolist())
+    # after an update the gap reads the engine's rounded weights, where a master that differs
+    # in its last bit (float order) can round the other way: looser, but still tight
+    key = "mismatch/logprob_abs_diff_mean"
+    assert m2[key].iloc[0] == m1[key].iloc[0] and np.allclose(m2[key], m1[key], rtol=1e-3), (
+        key, m2[key].tolist(), m1[key].tolist())
 
 
 @pytest.mark.parametrize("mode", ["colocated", "split"])

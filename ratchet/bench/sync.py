@@ -37,7 +37,8 @@ def compare_kernels(backend, items) -> dict[str, float]:
     from ratchet.engine.cuda import sync
 
     K = sync.SyncKernel
-    kernels = {"search": sync.SEARCH, "default (table-8192-per-chunk-plain)": sync.DEFAULT_KERNEL,
+    kernels = {"search": sync.SEARCH, "default (one range: convert_f32)": sync.DEFAULT_KERNEL,
+               "table-8192-per-chunk-plain": K("table", 8192, 4, stream=False, per_chunk=True),
                "table-8192": K("table", 8192, 4), "table-8192-plain": K("table", 8192, 4, stream=False),
                "table-8192-per-chunk": K("table", 8192, 4, per_chunk=True),
                "table-4096-per-chunk": K("table", 4096, 4, per_chunk=True),
@@ -47,6 +48,13 @@ def compare_kernels(backend, items) -> dict[str, float]:
                "table-1024-per-chunk-plain": K("table", 1024, 8, stream=False, per_chunk=True)}
     out = {name: _copy_events_ms(backend, sync.WeightSync(backend.weights, backend.dtype, kernel=kernel), items)
            for name, kernel in kernels.items()}
+    # the same sync from masters in separate allocations (the layout before flat_offsets): no
+    # two tensors coalesce, so the default kernel takes its table path
+    apart = [(name, torch.empty(t.numel() + 64, device="cuda")[:t.numel()].view(t.shape).copy_(t))
+             for name, t in items]  # 64 spare values each: never adjacent
+    out["default, masters in separate allocations"] = _copy_events_ms(
+        backend, sync.WeightSync(backend.weights, backend.dtype), apart)
+    del apart
     n = sum(int(t.numel()) for _, t in items)
     flat = torch.randn(n, device="cuda")
     half = torch.empty(n, device="cuda", dtype=torch.float16 if backend.dtype == "fp16" else torch.bfloat16)

@@ -4,7 +4,7 @@ and CUDA-event timing on a stream."""
 from __future__ import annotations
 
 from ratchet.model.config import ModelConfig
-from ratchet.model.layout import expected_shapes
+from ratchet.model.layout import expected_shapes, flat_offsets
 
 
 def qwen05_config() -> ModelConfig:
@@ -31,10 +31,13 @@ SHAPES = {"qwen2.5-0.5b": qwen05_config, "qwen2.5-coder-1.5b": coder15_config, "
 
 
 def random_torch_weights(cfg: ModelConfig, seed: int = 0) -> dict:
-    """fp32 torch CUDA tensors under the engine names, seeded on the GPU."""
+    """fp32 torch CUDA tensors under the engine names, seeded on the GPU, laid out in one flat
+    buffer as the trainer's CUDA masters are (`flat_offsets`)."""
     import torch
 
     gen = torch.Generator(device="cuda").manual_seed(seed)
+    offsets, length = flat_offsets(cfg)
+    flat = torch.empty(length, dtype=torch.float32, device="cuda")
     out = {}
     for name, shape in expected_shapes(cfg).items():
         if "norm" in name:
@@ -43,7 +46,9 @@ def random_torch_weights(cfg: ModelConfig, seed: int = 0) -> dict:
             t = 0.05 * torch.randn(shape, device="cuda", generator=gen)
         else:
             t = (0.1 if name == "embed.weight" else 0.02) * torch.randn(shape, device="cuda", generator=gen)
-        out[name] = t.contiguous()
+        offset, size = offsets[name]
+        out[name] = flat[offset:offset + size].view(shape)
+        out[name].copy_(t)
     torch.cuda.synchronize()
     return out
 

@@ -36,6 +36,38 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+FLAT_ALIGN = 64  # elements: each tensor of a flat buffer starts on a 128-byte line at 16 bits
+
+
+def flat_offsets(cfg: ModelConfig) -> tuple[dict[str, tuple[int, int]], int]:
+    """({name: (offset, size)}, length): every tensor in one flat buffer, in expected_shapes'
+    order, each offset a multiple of FLAT_ALIGN. The trainer's CUDA masters and the CUDA
+    engine's buffers share this layout, so a whole sync reads one range and writes one range
+    (no gaps where every size is a multiple of FLAT_ALIGN, as in the Qwen2 models)."""
+    out, offset = {}, 0
+    for name, shape in expected_shapes(cfg).items():
+        size = int(np.prod(shape))
+        out[name] = (offset, size)
+        offset += -(-size // FLAT_ALIGN) * FLAT_ALIGN
+    return out, offset
+
+
+def coalesce(src_ptrs, dst_ptrs, sizes, itemsize: int) -> tuple[list[int], list[int], list[int]]:
+    """Neighbours that continue each other on both sides (a source directly after the last
+    source, its buffer directly after the last buffer) merged into one range: with the
+    trainer's masters and the engine's buffers in one flat layout, a whole sync is one range.
+    `itemsize`: bytes of a buffer element (sources are fp32)."""
+    src, dst, n = [src_ptrs[0]], [dst_ptrs[0]], [sizes[0]]
+    for s, d, k in zip(src_ptrs[1:], dst_ptrs[1:], sizes[1:]):
+        if s == src[-1] + 4 * n[-1] and d == dst[-1] + itemsize * n[-1]:
+            n[-1] += k
+        else:
+            src.append(s)
+            dst.append(d)
+            n.append(k)
+    return src, dst, n
+
+
 def num_parameters(cfg: ModelConfig) -> int:
     return sum(int(np.prod(s)) for s in expected_shapes(cfg).values())
 

@@ -14,7 +14,7 @@ from torch.func import functional_call
 from torch.utils.checkpoint import checkpoint
 
 from ratchet.model.config import ModelConfig
-from ratchet.model.layout import check_weights, expected_shapes, rope_tables
+from ratchet.model.layout import check_weights, expected_shapes, flat_offsets, rope_tables
 from ratchet.trainer.precision import autocast, rounded_parameters
 
 
@@ -139,8 +139,20 @@ class Policy(nn.Module):
         with torch.device("meta"):
             policy = cls(cfg)
         policy.to_empty(device=device)
+        if torch.device(device).type == "cuda":
+            policy.flatten_masters()
         policy.load_weights(weights)
         return policy
+
+    def flatten_masters(self) -> None:
+        """Every parameter a view of one flat fp32 buffer laid out as the engine's buffers are
+        (`flat_offsets`), so the sync converts one contiguous range. On CUDA only: on the host
+        nothing syncs through it, and safetensors refuses to save views of one storage."""
+        offsets, length = flat_offsets(self.cfg)
+        params = dict(self.named_parameters())
+        flat = torch.empty(length, dtype=torch.float32, device=params["embed.weight"].device)
+        for name, (offset, size) in offsets.items():
+            params[name].data = flat[offset:offset + size].view(params[name].shape)
 
     def load_weights(self, weights: dict) -> None:
         check_weights(self.cfg, weights, "Policy.load_weights")

@@ -34,6 +34,7 @@ from ratchet.model.layout import (
     check_update,
     check_weights,
     expected_shapes,
+    flat_offsets,
     rope_tables,
 )
 
@@ -119,9 +120,11 @@ class CudaBackend:
     def load_weights(self, weights: Mapping[str, np.ndarray]) -> None:
         check_weights(self.cfg, weights, "cuda backend load_weights")
         if not self.weights:
+            offsets, length = flat_offsets(self.cfg)  # the trainer's CUDA masters' layout
             with self.stream:
-                self.weights = {name: cp.empty(shape, dtype=self.storage)
-                                for name, shape in expected_shapes(self.cfg).items()}
+                arena = cp.empty(length, dtype=self.storage)
+                self.weights = {name: arena[offset:offset + size].reshape(shape) for (name, shape), (offset, size)
+                                in zip(expected_shapes(self.cfg).items(), offsets.values())}
             self.layers.bind(self.weights)
         self.update_weights(weights)
 

@@ -12,6 +12,7 @@ import numpy as np
 
 from ratchet.engine.cuda import loader
 from ratchet.engine.cuda.ops import STORAGE
+from ratchet.model.layout import coalesce
 
 BUFFER_DTYPES = {np.dtype(v): k for k, v in STORAGE.items()}  # a buffer's dtype -> its engine dtype
 MODES = {"fp16": 0, "bf16": 1, "fp32": 2}
@@ -24,16 +25,21 @@ class SyncKernel:
     kernels/convert.cu's CONVERT_CHUNK, 4 blocks per multiprocessor) or "table" (convert_table,
     its chunk, resident blocks and load kind template arguments). The grid: at most
     `blocks_per_sm` per multiprocessor (every block resident at once, a grid-stride loop over
-    the chunks), or with `per_chunk` one block per chunk (the hardware schedules them)."""
+    the chunks), or with `per_chunk` one block per chunk (the hardware schedules them). With
+    `one_range`, a sync whose tensors coalesce into one range (the trainer's flat masters into
+    the engine's flat buffers) runs convert_f32 instead: no descriptors to look up at all."""
     name: str = "table"
     chunk: int = 8192
     blocks_per_sm: int = 4
     stream: bool = True
     per_chunk: bool = False
+    one_range: bool = False  # a sync that coalesces into one range: convert_f32's grid-stride loop
 
     def expression(self, mode: int) -> str:
         if self.name == "search":
             return f"convert_many<{mode}>"
+        if self.name == "f32":
+            return f"convert_f32<{mode}>"
         return f"convert_table<{mode}, {self.chunk}, {self.blocks_per_sm}, {int(self.stream)}>"
 
     def grid(self, chunks: int, sms: int) -> int:
@@ -42,7 +48,8 @@ class SyncKernel:
 
 SEARCH = SyncKernel("search", 8192, 4)
 # the fastest of the sync bench's nine on one H200 (docs/KERNELS.md, sync run 2)
-DEFAULT_KERNEL = SyncKernel("table", 8192, 4, stream=False, per_chunk=True)
+DEFAULT_KERNEL = SyncKernel("table", 8192, 4, stream=False, per_chunk=True, one_range=True)
+ONE_RANGE_BLOCKS_PER_SM = 8  # convert_f32's grid: 2,048 threads a multiprocessor, one float4 each in flight
 
 _kernels: dict = {}
 _sms: dict = {}
@@ -127,12 +134,14 @@ class _Plan:
     def __init__(self, kernel: SyncKernel = DEFAULT_KERNEL):
         self.kernel = kernel
         self.key = None
-        self.desc = self.table = None
+        self.desc = self.table = self.range = None
         self.chunks = 0
 
     def launch(self, src_ptrs: list[int], dst_ptrs: tuple[int, ...], sizes: tuple[int, ...], mode: int) -> None:
         key = (tuple(src_ptrs), dst_ptrs)
         if key != self.key:
+            src_ptrs, dst_ptrs, sizes = coalesce(src_ptrs, dst_ptrs, sizes, 4 if mode == 2 else 2)
+            self.range = (src_ptrs[0], dst_ptrs[0], sizes[0]) if len(sizes) == 1 else None
             chunk = self.kernel.chunk
             desc = np.empty((len(sizes), 4), dtype=np.int64)
             counts = [-(-n // chunk) for n in sizes]
@@ -143,7 +152,11 @@ class _Plan:
             self.key, self.desc, self.chunks = key, cp.asarray(desc), chunk0
             if self.kernel.name == "table":
                 self.table = cp.asarray(np.repeat(np.arange(len(sizes), dtype=np.int32), counts))
-        if self.chunks:
+        if self.range is not None and self.kernel.one_range and mode != 2:
+            src, dst, n = self.range
+            fn = _kernel(mode, SyncKernel("f32"))
+            fn((_sm_count() * ONE_RANGE_BLOCKS_PER_SM,), (BLOCK,), (np.uint64(src), np.uint64(dst), np.int64(n)))
+        elif self.chunks:
             grid = self.kernel.grid(self.chunks, _sm_count())
             fn = _kernel(mode, self.kernel)
             if self.kernel.name == "table":
