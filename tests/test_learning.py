@@ -23,7 +23,6 @@ from ratchet.mismatch.learning import (
     difference_table,
     learning_run,
     record,
-    remedy_setup,
     run_table,
 )
 from ratchet.mismatch.paired import holm, paired_difference
@@ -241,7 +240,7 @@ def test_a_cuda_setup_evaluates_on_an_engine_that_is_not_batch_invariant(tiny, m
                                                ("exact", True)])
 def test_only_the_exact_fix_samples_on_a_batch_invariant_engine(tiny, remedy, invariant):
     cfg = ablate_settings(**SETTINGS).grpo(remedy, 2)
-    assert remedy_setup(tiny, cfg).batch_invariant is invariant and tiny.batch_invariant
+    assert tiny.for_run(cfg).batch_invariant is invariant and tiny.batch_invariant
 
 
 def test_a_run_the_settings_do_not_ask_for_is_refused(tiny):

@@ -136,6 +136,25 @@ class Setup:
             return None
         return self.engine(dtype, batch_invariant=False, max_batch_size=self.eval_max_batch_size)
 
+    def for_run(self, grpo_cfg: GRPOConfig) -> Setup:
+        """The setup a training run (ablate_fix, ablate_learning) starts from, on the engine
+        `train` gives its remedy: batch-invariant only for the exact fix, whose values are the
+        engine's replay of its rollouts; the others sample on the product's fast engine."""
+        return dataclasses.replace(self, batch_invariant=self.batch_invariant and grpo_cfg.exact_forward)
+
+
+def greedy_eval(setup: Setup, traj: Trajectory, eval_engine=None) -> tuple[dict, pd.DataFrame]:
+    """(summary, answers) of greedy answers to `setup.eval_problems` from the trajectory's
+    masters, synced first into `eval_engine` (`Setup.eval_engine`) where there is one, else
+    into the trajectory's engine."""
+    from ratchet.rl.evaluate import evaluate
+    from ratchet.rl.sync import sync_weights
+
+    engine = traj.engine if eval_engine is None else eval_engine
+    sync_weights(engine, traj.policy)
+    return evaluate(engine, setup.task.tokenizer, setup.eval_problems, setup.prompt_fn,
+                    setup.eval_max_new_tokens, progress=False)
+
 
 class Trajectory:
     """One GRPO run of the colocated loop: roll out, update the fp32 masters, sync the engine.

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 
 from ratchet.gap import gap_metrics
-from ratchet.mismatch.ablation import AblateSettings, Setup, Trajectory
+from ratchet.mismatch.ablation import AblateSettings, Setup, Trajectory, greedy_eval
 
 # the gap metrics a row keeps, under short names (engine vs the trainer, per token)
 SYNC_COLUMNS = ("sync/visible_share", "sync/masters_off_grid_share", "sync/weights_parity")
@@ -51,13 +51,11 @@ def fix_runs(setup: Setup, settings: AblateSettings, log=None) -> tuple[pd.DataF
     """Each of `settings.fix_runs` for `fix_steps` steps from the same seeds: (steps, runs), per
     step the reward and the loss's gap on that step's rollouts, per run the after-training
     accuracy and the gap on fresh rollouts; `log(run, step, row)` after every step."""
-    from ratchet.rl.evaluate import evaluate
-    from ratchet.rl.sync import sync_weights
-
     step_rows, run_rows = [], []
     for name in settings.fix_runs:
         cfg = settings.grpo(name, settings.fix_steps)
-        traj = Trajectory(setup, cfg)
+        run_setup = setup.for_run(cfg)
+        traj = Trajectory(run_setup, cfg)
         for step in range(settings.fix_steps):
             m = traj.train_step()
             row = {"run": name, "step": step, "updates": traj.updates,
@@ -77,9 +75,7 @@ def fix_runs(setup: Setup, settings: AblateSettings, log=None) -> tuple[pd.DataF
                    "weight_dtype": cfg.weight_dtype, "is_correction": cfg.is_correction,
                    "exact_forward": cfg.exact_forward}
         if setup.eval_problems is not None:
-            sync_weights(traj.engine, traj.policy)
-            ev, _ = evaluate(traj.engine, setup.task.tokenizer, setup.eval_problems, setup.prompt_fn,
-                             setup.eval_max_new_tokens, progress=False)
+            ev, _ = greedy_eval(run_setup, traj, run_setup.eval_engine(cfg.engine_dtype))
             summary.update({"accuracy": ev["accuracy"], "accuracy_stderr": ev["accuracy_stderr"],
                             "eval_n": ev["n"]})
         rewards = [r["reward"] for r in step_rows if r["run"] == name]

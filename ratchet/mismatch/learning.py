@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from ratchet.mismatch.ablation import FIX_RUNS, AblateSettings, Setup, Trajectory
+from ratchet.mismatch.ablation import FIX_RUNS, AblateSettings, Setup, Trajectory, greedy_eval
 from ratchet.mismatch.fix import SYNC_COLUMNS, short_gap
 from ratchet.mismatch.paired import holm, paired_difference
 
@@ -68,13 +68,6 @@ def check_job(learning: LearningSettings, dtype: str, remedy: str) -> None:
 
 
 # ---------------------------------------------------------------------------- one run
-def remedy_setup(setup: Setup, cfg) -> Setup:
-    """The setup a remedy trains from, on the engine `train` gives it: batch-invariant only
-    for the exact fix, whose values are the engine's replay of its rollouts; the other
-    remedies sample on the product's fast engine, as they do in a training."""
-    return dataclasses.replace(setup, batch_invariant=setup.batch_invariant and cfg.exact_forward)
-
-
 def learning_run(setup: Setup, settings: AblateSettings, learning: LearningSettings, dtype: str,
                  remedy: str, log=None, log_eval=None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """GRPO with `remedy` (a key of FIX_RUNS) on an engine of `dtype`, `learning.steps` steps:
@@ -82,26 +75,19 @@ def learning_run(setup: Setup, settings: AblateSettings, learning: LearningSetti
     columns); per eval step (before training, every eval_every steps, after the last) each
     test problem's greedy correctness. `log(step, row)` after each step, `log_eval(step,
     accuracy)` after each eval."""
-    from ratchet.rl.evaluate import evaluate
-    from ratchet.rl.sync import sync_weights
 
     check_job(learning, dtype, remedy)
     if setup.eval_problems is None or not len(setup.eval_problems):
         raise ValueError("ablate_learning: the setup has no eval problems")
     cfg = dataclasses.replace(settings.grpo(remedy, learning.steps), engine_dtype=dtype)
-    setup = remedy_setup(setup, cfg)
+    setup = setup.for_run(cfg)
     traj = Trajectory(setup, cfg)
     eval_engine = setup.eval_engine(dtype)
     due = set(learning.eval_steps())
     step_rows, answer_parts = [], []
 
-    def score(step: int) -> None:  # the trajectory's engine holds the masters after `step` steps
-        engine = traj.engine
-        if eval_engine is not None:
-            sync_weights(eval_engine, traj.policy)
-            engine = eval_engine
-        ev, answers = evaluate(engine, setup.task.tokenizer, setup.eval_problems, setup.prompt_fn,
-                               setup.eval_max_new_tokens, progress=False)
+    def score(step: int) -> None:  # the masters after `step` steps
+        ev, answers = greedy_eval(setup, traj, eval_engine)
         answer_parts.append(pd.DataFrame({"step": step, "id": answers["id"].to_numpy(),
                                           "correct": (answers["reward"] >= 1).to_numpy(),
                                           "num_tokens": answers["num_tokens"].to_numpy()}))
