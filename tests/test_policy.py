@@ -264,3 +264,26 @@ def test_the_cached_rounding_follows_every_change_of_the_masters(optimizer):
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         rounded_parameters(policy, "bf16")
     assert not [e.name for e in prof.events() if e.name in ("aten::_to_copy", "aten::sub", "aten::add")]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_rmsnorm_is_the_explicit_formula_bit_for_bit_on_the_cpu(dtype):
+    """F.rms_norm (fused on CUDA) against the formula the engine implements, normalised in fp32
+    and cast back before the weight: the same values and gradients, bit for bit, on the host."""
+    from ratchet.trainer.policy import RMSNorm
+
+    torch.manual_seed(0)
+    norm = RMSNorm(64, 1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(64))
+    x = (torch.randn(4, 9, 64) * 3).to(dtype).requires_grad_()
+    grad = torch.randn(4, 9, 64)
+    out = norm(x)
+    out.backward(grad.to(out.dtype))
+    got = (out.detach(), x.grad.clone(), norm.weight.grad.clone())
+    x.grad = norm.weight.grad = None
+    xf = x.float()
+    want = norm.weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(dtype)
+    want.backward(grad.to(want.dtype))
+    for a, b in zip(got, (want.detach(), x.grad, norm.weight.grad)):
+        assert a.dtype == b.dtype and torch.equal(a, b)
