@@ -109,6 +109,38 @@ def test_flat_masters_sync_as_one_range_and_a_subset_as_several(dtype):
         np.testing.assert_array_equal(held(name), rounded(t) if i % 2 else before[name], err_msg=name)
 
 
+@pytest.mark.parametrize("kernel", ["search", "default", "table"])
+def test_a_repeated_sync_reuses_its_coalesced_plan_with_every_kernel(kernel):
+    """Flat masters synced twice through one WeightSync (the second reuses the plan made from
+    the coalesced ranges), the masters changed in between: bits equal the host's rounding."""
+    import cupy as cp
+    import torch
+
+    from ratchet.engine.cuda import sync
+    from ratchet.engine.cuda.backend import CudaBackend
+    from ratchet.trainer.policy import Policy
+
+    cfg = small_config("a")
+    policy = Policy.from_weights(cfg, random_weights(cfg, seed=4), device="cuda")
+    engine = CudaBackend(cfg, "fp16", 4, 64)
+    engine.load_weights(random_weights(cfg, 1, "fp16"))
+    choice = {"search": sync.SEARCH, "default": sync.DEFAULT_KERNEL,
+              "table": sync.SyncKernel("table", 8192, 4, stream=False, per_chunk=True)}[kernel]
+    weight_sync = sync.WeightSync(engine.weights, "fp16", kernel=choice)
+    masters = policy.export_weights()
+    for step in range(2):
+        if step:
+            with torch.no_grad():
+                for t in masters.values():
+                    t.mul_(-0.75).add_(0.01)
+        weight_sync.copy(list(masters.items()))
+        cp.cuda.runtime.deviceSynchronize()
+        for name, t in masters.items():
+            np.testing.assert_array_equal(cp.asnumpy(engine.weights[name]).view(np.uint16),
+                                          round_to(t.cpu().numpy(), "fp16").astype(np.float16).view(np.uint16),
+                                          err_msg=f"{kernel} sync {step}: {name}")
+
+
 @pytest.mark.parametrize("kernel", ["search", "default", "table-8192-4-1-0", "table-4096-4-0-1", "table-1024-8-0-1"])
 def test_copy_many_odd_sizes_misaligned_sources(kernel):
     """One launch over tensors of odd sizes (chunk edges, tails), torch tensors (pointer path)

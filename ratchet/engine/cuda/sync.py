@@ -128,41 +128,48 @@ def _source_pointers(tensors, sizes) -> tuple[list[int], list]:
 
 
 class _Plan:
-    """The descriptor array of one set of (source, buffer) pointers on the GPU, and for the
-    table kernel each chunk's descriptor index."""
+    """One set of (source, buffer) pointers, coalesced, ready to launch: a single range for
+    convert_f32 (`one_range` kernels), or the descriptor array on the GPU and, for the table
+    kernel, each chunk's descriptor index."""
 
     def __init__(self, kernel: SyncKernel = DEFAULT_KERNEL):
         self.kernel = kernel
         self.key = None
         self.desc = self.table = self.range = None
-        self.chunks = 0
+        self.ndesc = self.chunks = 0
 
     def launch(self, src_ptrs: list[int], dst_ptrs: tuple[int, ...], sizes: tuple[int, ...], mode: int) -> None:
         key = (tuple(src_ptrs), dst_ptrs)
         if key != self.key:
-            src_ptrs, dst_ptrs, sizes = coalesce(src_ptrs, dst_ptrs, sizes, 4 if mode == 2 else 2)
-            self.range = (src_ptrs[0], dst_ptrs[0], sizes[0]) if len(sizes) == 1 else None
-            chunk = self.kernel.chunk
-            desc = np.empty((len(sizes), 4), dtype=np.int64)
-            counts = [-(-n // chunk) for n in sizes]
-            chunk0 = 0
-            for i, (src, dst, n) in enumerate(zip(src_ptrs, dst_ptrs, sizes)):
-                desc[i] = (src, dst, n, chunk0)
-                chunk0 += counts[i]
-            self.key, self.desc, self.chunks = key, cp.asarray(desc), chunk0
-            if self.kernel.name == "table":
-                self.table = cp.asarray(np.repeat(np.arange(len(sizes), dtype=np.int32), counts))
-        if self.range is not None and self.kernel.one_range and mode != 2:
-            src, dst, n = self.range
+            self._prepare(*coalesce(src_ptrs, dst_ptrs, sizes, 4 if mode == 2 else 2), mode)
+            self.key = key
+        if self.range is not None:
             fn = _kernel(mode, SyncKernel("f32"))
-            fn((_sm_count() * ONE_RANGE_BLOCKS_PER_SM,), (BLOCK,), (np.uint64(src), np.uint64(dst), np.int64(n)))
+            fn((_sm_count() * ONE_RANGE_BLOCKS_PER_SM,), (BLOCK,), self.range)
         elif self.chunks:
             grid = self.kernel.grid(self.chunks, _sm_count())
             fn = _kernel(mode, self.kernel)
             if self.kernel.name == "table":
                 fn((grid,), (BLOCK,), (self.desc, self.table, np.int64(self.chunks)))
             else:
-                fn((grid,), (BLOCK,), (self.desc, np.int32(len(sizes)), np.int64(self.chunks)))
+                fn((grid,), (BLOCK,), (self.desc, np.int32(self.ndesc), np.int64(self.chunks)))
+
+    def _prepare(self, src_ptrs: list[int], dst_ptrs: list[int], sizes: list[int], mode: int) -> None:
+        self.desc = self.table = self.range = None
+        self.ndesc = self.chunks = 0
+        if len(sizes) == 1 and self.kernel.one_range and mode != 2:
+            self.range = (np.uint64(src_ptrs[0]), np.uint64(dst_ptrs[0]), np.int64(sizes[0]))
+            return
+        chunk = self.kernel.chunk
+        desc = np.empty((len(sizes), 4), dtype=np.int64)
+        counts = [-(-n // chunk) for n in sizes]
+        chunk0 = 0
+        for i, (src, dst, n) in enumerate(zip(src_ptrs, dst_ptrs, sizes)):
+            desc[i] = (src, dst, n, chunk0)
+            chunk0 += counts[i]
+        self.desc, self.ndesc, self.chunks = cp.asarray(desc), len(sizes), chunk0
+        if self.kernel.name == "table":
+            self.table = cp.asarray(np.repeat(np.arange(len(sizes), dtype=np.int32), counts))
 
 
 class WeightSync:
