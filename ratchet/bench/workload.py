@@ -4,7 +4,7 @@ and CUDA-event timing on a stream."""
 from __future__ import annotations
 
 from ratchet.model.config import ModelConfig
-from ratchet.model.layout import expected_shapes, flat_offsets
+from ratchet.model.layout import expected_shapes
 
 
 def qwen05_config() -> ModelConfig:
@@ -35,10 +35,10 @@ def random_torch_weights(cfg: ModelConfig, seed: int = 0) -> dict:
     buffer as the trainer's CUDA masters are (`flat_offsets`)."""
     import torch
 
+    from ratchet.trainer.policy import flat_masters
+
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    offsets, length = flat_offsets(cfg)
-    flat = torch.empty(length, dtype=torch.float32, device="cuda")
-    out = {}
+    out = flat_masters(cfg, "cuda")
     for name, shape in expected_shapes(cfg).items():
         if "norm" in name:
             t = 1.0 + 0.05 * torch.randn(shape, device="cuda", generator=gen)
@@ -46,8 +46,6 @@ def random_torch_weights(cfg: ModelConfig, seed: int = 0) -> dict:
             t = 0.05 * torch.randn(shape, device="cuda", generator=gen)
         else:
             t = (0.1 if name == "embed.weight" else 0.02) * torch.randn(shape, device="cuda", generator=gen)
-        offset, size = offsets[name]
-        out[name] = flat[offset:offset + size].view(shape)
         out[name].copy_(t)
     torch.cuda.synchronize()
     return out

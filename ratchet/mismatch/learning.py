@@ -16,7 +16,13 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from ratchet.mismatch.ablation import FIX_RUNS, AblateSettings, Setup, Trajectory, greedy_eval
+from ratchet.mismatch.ablation import (
+    FIX_RUNS,
+    AblateSettings,
+    Setup,
+    Trajectory,
+    greedy_eval,
+)
 from ratchet.mismatch.fix import SYNC_COLUMNS, short_gap
 from ratchet.mismatch.paired import holm, paired_difference
 
@@ -75,7 +81,6 @@ def learning_run(setup: Setup, settings: AblateSettings, learning: LearningSetti
     columns); per eval step (before training, every eval_every steps, after the last) each
     test problem's greedy correctness. `log(step, row)` after each step, `log_eval(step,
     accuracy)` after each eval."""
-
     check_job(learning, dtype, remedy)
     if setup.eval_problems is None or not len(setup.eval_problems):
         raise ValueError("ablate_learning: the setup has no eval problems")

@@ -36,6 +36,15 @@ class RMSNorm(nn.Module):
         return self.weight * F.rms_norm(x.float(), self.weight.shape, eps=self.eps).to(x.dtype)
 
 
+def flat_masters(cfg: ModelConfig, device) -> dict[str, torch.Tensor]:
+    """Uninitialised fp32 tensors under the engine names, each a view of one flat buffer in
+    `flat_offsets`' layout: how the trainer holds its CUDA masters."""
+    offsets, length = flat_offsets(cfg)
+    flat = torch.empty(length, dtype=torch.float32, device=device)
+    return {name: flat[offset:offset + size].view(shape)
+            for (name, shape), (offset, size) in zip(expected_shapes(cfg).items(), offsets.values())}
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
@@ -150,11 +159,9 @@ class Policy(nn.Module):
         """Every parameter a view of one flat fp32 buffer laid out as the engine's buffers are
         (`flat_offsets`), so the sync converts one contiguous range. On CUDA only: on the host
         nothing syncs through it, and safetensors refuses to save views of one storage."""
-        offsets, length = flat_offsets(self.cfg)
         params = dict(self.named_parameters())
-        flat = torch.empty(length, dtype=torch.float32, device=params["embed.weight"].device)
-        for name, (offset, size) in offsets.items():
-            params[name].data = flat[offset:offset + size].view(params[name].shape)
+        for name, view in flat_masters(self.cfg, params["embed.weight"].device).items():
+            params[name].data = view
 
     def load_weights(self, weights: dict) -> None:
         check_weights(self.cfg, weights, "Policy.load_weights")
