@@ -230,10 +230,31 @@ def test_a_cuda_setup_evaluates_on_an_engine_that_is_not_batch_invariant(tiny, m
 
     made = []
     monkeypatch.setattr(ratchet.engines, "make_engine", lambda model, **kw: made.append(kw) or "engine")
-    cuda = dataclasses.replace(tiny, backend="cuda", eval_max_batch_size=512)
+    cuda = dataclasses.replace(tiny, backend="cuda", max_batch_size=48)
     assert cuda.eval_engine("fp16") == "engine"
-    assert made[-1]["batch_invariant"] is False and made[-1]["max_batch_size"] == 512
+    assert made[-1]["batch_invariant"] is False and made[-1]["max_batch_size"] == 48
     assert dataclasses.replace(cuda, batch_invariant=False).eval_engine("fp16") is None
+
+
+def test_every_remedy_is_scored_on_a_cuda_engine_of_one_shape(tiny, monkeypatch):
+    """A CUDA engine's greedy answers depend on how many requests share its steps: the exact
+    fix's evals (on a second engine) and the other remedies' (on their trajectory's engine)
+    must run with the same rows and the same batching, or the comparison measures the engines."""
+    import dataclasses
+
+    import ratchet.engines
+
+    made = []
+    monkeypatch.setattr(ratchet.engines, "make_engine", lambda model, **kw: made.append(kw) or "engine")
+    cuda = dataclasses.replace(tiny, backend="cuda", max_batch_size=48)
+    shapes = {}
+    for remedy in ("none", "tis", "mis", "fix", "exact"):
+        setup = cuda.for_run(ablate_settings(**SETTINGS).grpo(remedy, 2))
+        made.clear()
+        if setup.eval_engine("fp16") is None:
+            setup.engine("fp16")  # evaluated on the trajectory's own engine
+        shapes[remedy] = (made[-1]["max_batch_size"], made[-1]["batch_invariant"])
+    assert set(shapes.values()) == {(48, False)}, shapes
 
 
 @pytest.mark.parametrize("remedy, invariant", [("none", False), ("tis", False), ("mis", False), ("fix", False),

@@ -105,7 +105,6 @@ class Setup:
     # that teacher forcing (the exact fix) reproduces a rollout's bits in any grouping
     batch_invariant: bool = True
     vllm_options: dict | None = None  # the `engine.vllm` section (backend vllm)
-    eval_max_batch_size: int = 64  # rows of the engine the greedy evals run on (eval_engine)
 
     def engine(self, dtype: str, weights=None, backend: str | None = None, batch_invariant: bool | None = None,
                max_batch_size: int | None = None):
@@ -130,11 +129,14 @@ class Setup:
         right for the rollouts a replay must reproduce and far too slow for an eval of every
         test problem; greedy answers need no replay, so on CUDA they run on the product's
         engine (every bucket, packed prefill), synced from the same masters before each eval.
-        The NumPy engine is batch-invariant at full speed and vLLM has no such mode: both
-        evaluate on the trajectory's engine."""
+        It has the trajectory engine's rows: a CUDA engine's answers depend on how many requests
+        share a step, so every remedy is scored on an engine of one shape (with more rows the
+        exact fix's evals once disagreed with the others' on problems neither's weights
+        explained). The NumPy engine is batch-invariant at full speed and vLLM has no such
+        mode: both evaluate on the trajectory's engine."""
         if self.backend != "cuda" or not self.batch_invariant:
             return None
-        return self.engine(dtype, batch_invariant=False, max_batch_size=self.eval_max_batch_size)
+        return self.engine(dtype, batch_invariant=False, max_batch_size=self.max_batch_size)
 
     def for_run(self, grpo_cfg: GRPOConfig) -> Setup:
         """The setup a training run (ablate_fix, ablate_learning) starts from, on the engine

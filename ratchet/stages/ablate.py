@@ -64,7 +64,6 @@ def make_setup(cfg: dict, with_eval: bool = False):
         n_eval = settings.eval_problems or cfg["eval"]["num_problems"]
         setup.eval_problems = test.head(n_eval) if n_eval else test
         setup.eval_max_new_tokens = cfg["eval"]["max_new_tokens"]
-        setup.eval_max_batch_size = e["max_batch_size"]
     print(f"[ablate] {backend} engine ({settings.engine_dtype}), trainer on {device}, "
           f"lr {settings.lr}, {settings.problems_per_step}x{settings.group_size} answers a step, "
           f"{len(measure)} measurement prompts")
