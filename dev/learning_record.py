@@ -2,7 +2,9 @@
 bring back one at a time: ablate_learning's comparison (its summary and tables, from
 `python -m ratchet ablate_learning`), the gradient-error table (dev/ablate_record.py's
 record of ablate_gradient) and the two grid conditions (dev/grid_conditions.py). A part not
-given is listed under `parts_missing`, so a partial record never reads as the whole.
+given is listed under `parts_missing`, and a run the profile asks for (`--asked`: its
+`ablate.learning` engine dtypes x remedies) that the comparison lacks under
+`learning_runs_missing`, so a partial record never reads as the whole.
 
     python -m dev.learning_record --learning results/local/ablate \
         --gradient results/records/h200-gradient.json --grid grid-conditions.json \
@@ -22,15 +24,30 @@ from ratchet.atomic import write_json
 PARTS = ("learning", "gradient", "grid_conditions")
 
 
-def learning_part(ablate: Path) -> dict:
-    """The comparison's summary, with every run's row and every paired difference."""
+def asked_runs(config: Path) -> list[str]:
+    """The runs ("fp16-none", ...) a profile's `ablate.learning` section asks for."""
+    from ratchet import config as config_mod
+    from ratchet.mismatch.learning import LearningSettings
+
+    return [f"{j['dtype']}-{j['remedy']}" for j in LearningSettings.from_config(config_mod.load(config)).jobs()]
+
+
+def learning_part(ablate: Path, asked: list[str] | None = None) -> dict:
+    """The comparison's summary, with every run's row and every paired difference, the runs
+    it holds beside those `asked`, and the commit it ran at (a `commit` file beside it)."""
     summary = ablate / "learning_summary.json"
     if not summary.is_file():
         raise SystemExit(f"--learning {ablate}: no learning_summary.json (run `python -m ratchet "
                          "ablate_learning` over the runs first)")
-    rows = lambda name: pd.read_parquet(ablate / name).to_dict("records")
-    return {"summary": json.loads(summary.read_text()), "runs": rows("learning.parquet"),
-            "differences": rows("learning_diffs.parquet")}
+    rows = lambda name: pd.read_parquet(ablate / name).to_dict("records")  # noqa: E731
+    runs = rows("learning.parquet")
+    part = {"summary": json.loads(summary.read_text()), "runs": runs, "differences": rows("learning_diffs.parquet"),
+            "runs_present": [f"{r['dtype']}-{r['remedy']}" for r in runs]}
+    if asked is not None:
+        part["runs_asked"] = asked
+    if (ablate / "commit").is_file():
+        part["commit"] = (ablate / "commit").read_text().strip()
+    return part
 
 
 def gradient_part(record: Path) -> dict:
@@ -40,11 +57,14 @@ def gradient_part(record: Path) -> dict:
     return {"table": rec["gradient_table"], "commit": rec.get("commit"), "command": rec.get("command")}
 
 
-def build(learning: Path | None, gradient: Path | None, grid: Path | None) -> dict:
-    parts = {"learning": learning and learning_part(learning),
+def build(learning: Path | None, gradient: Path | None, grid: Path | None, asked: list[str] | None = None) -> dict:
+    parts = {"learning": learning and learning_part(learning, asked),
              "gradient": gradient and gradient_part(gradient),
              "grid_conditions": grid and json.loads(grid.read_text())}
-    return {**{k: v for k, v in parts.items() if v}, "parts_missing": [k for k in PARTS if not parts[k]]}
+    out = {**{k: v for k, v in parts.items() if v}, "parts_missing": [k for k in PARTS if not parts[k]]}
+    if parts["learning"] and asked is not None:
+        out["learning_runs_missing"] = [r for r in asked if r not in parts["learning"]["runs_present"]]
+    return out
 
 
 def main(argv=None) -> None:
@@ -52,15 +72,18 @@ def main(argv=None) -> None:
     ap.add_argument("--learning", type=Path, help="the ablate/ folder holding ablate_learning's outputs")
     ap.add_argument("--gradient", type=Path, help="dev.ablate_record's record of an ablate_gradient run")
     ap.add_argument("--grid", type=Path, help="dev.grid_conditions' record")
+    ap.add_argument("--asked", type=Path, default=Path("config/local.yaml"),
+                    help="the profile whose ablate.learning runs the comparison should hold")
     ap.add_argument("--commit", required=True)
     ap.add_argument("--machine", default="NVIDIA H200 (one GPU, lent machine)")
     ap.add_argument("--command", action="append", default=[])
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     record = {"commit": args.commit, "machine": args.machine, "commands": args.command,
-              **build(args.learning, args.gradient, args.grid)}
+              **build(args.learning, args.gradient, args.grid, asked_runs(args.asked) if args.learning else None)}
     write_json(args.out, record)
-    print(f"wrote {args.out}; missing: {record['parts_missing'] or 'nothing'}")
+    missing = record["parts_missing"] + [f"run {r}" for r in record.get("learning_runs_missing", [])]
+    print(f"wrote {args.out}; missing: {', '.join(missing) or 'nothing'}")
 
 
 if __name__ == "__main__":

@@ -27,6 +27,23 @@ def test_the_parts_given_are_kept_and_the_others_named_missing(tmp_path):
     assert rec["learning"]["runs"] == [{"dtype": "fp16", "remedy": "none", "accuracy": 0.3}]
     assert rec["learning"]["differences"][0]["b"] == "fix"
     assert rec["gradient"] == {"table": {"fp16": {}}, "commit": "c1", "command": "x"}
+    # the local profile asks for 10 runs: the one given is present, the nine others named missing
+    assert rec["learning"]["runs_present"] == ["fp16-none"] and len(rec["learning"]["runs_asked"]) == 10
+    assert rec["learning_runs_missing"] == [r for r in rec["learning"]["runs_asked"] if r != "fp16-none"]
+
+
+def test_a_comparison_of_every_asked_run_misses_none_and_keeps_its_commit(tmp_path):
+    ablate = tmp_path / "ablate"
+    ablate.mkdir()
+    (ablate / "learning_summary.json").write_text("{}")
+    (ablate / "commit").write_text("abc123\n")
+    runs = [{"dtype": d, "remedy": r} for d in ("fp16", "bf16") for r in ("none", "tis", "mis", "fix", "exact")]
+    pd.DataFrame(runs).to_parquet(ablate / "learning.parquet")
+    pd.DataFrame([{"dtype": "fp16", "a": "none", "b": "fix"}]).to_parquet(ablate / "learning_diffs.parquet")
+    out = tmp_path / "r.json"
+    learning_record.main(["--learning", str(ablate), "--commit", "c", "--out", str(out)])
+    rec = json.loads(out.read_text())
+    assert rec["learning_runs_missing"] == [] and rec["learning"]["commit"] == "abc123"
 
 
 def test_a_folder_without_the_comparison_is_refused_by_name(tmp_path):
