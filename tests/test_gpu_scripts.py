@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -42,4 +44,30 @@ def test_a_plan_runs_its_steps_in_order_past_a_failure_and_keeps_what_it_names(t
     polled = run("collect", OUT=str(out))
     assert polled.returncode == 0, polled.stderr
     assert (out / "plan" / "step3" / "b.txt").is_file() and (out / "plan" / "plan.log").is_file()
-    assert (out / "keep" / "results" / "r.txt").read_text() == "kept\n"
+    with tarfile.open(out / "keep.tgz") as kept:  # one file: the device returns nothing deeper than two folders
+        assert kept.extractfile("results/r.txt").read() == b"kept\n"
+
+
+def test_a_started_plan_runs_in_its_own_copy_of_the_checkout(tmp_path):
+    """The device rewrites the checkout at every call: the steps run in a copy, and what they
+    write lands there, so neither a refresh nor a local edit reaches a running plan."""
+    repo = tmp_path / "repo"
+    (repo / "dev" / "gpu").mkdir(parents=True)
+    for name in ("plan.sh", "env.sh", "detached.sh"):
+        shutil.copy(GPU / name, repo / "dev" / "gpu" / name)
+    (repo / "dev" / "gpu" / "assemble-model.sh").write_text("exit 0\n")  # no model to join here
+    (repo / "code.txt").write_text("as started\n")
+    plan, state = tmp_path / "plan.txt", tmp_path / "state"
+    plan.write_text('sleep 1 && cp code.txt "$OUT/seen.txt" && mkdir -p results && echo r > results/r.txt\n')
+    env = {"PATH": "/usr/bin:/bin", "PLAN_STATE": str(state), "HOME": str(tmp_path), "START_WAIT_S": "0"}
+    started = subprocess.run(["bash", "dev/gpu/plan.sh", "start", str(plan)], cwd=repo, capture_output=True,
+                             text=True, check=False, env=env)
+    assert started.returncode == 0, started.stderr
+    (repo / "code.txt").write_text("edited meanwhile\n")  # a refresh of the checkout mid-step
+    for _ in range(100):
+        if (state / "rc").is_file():
+            break
+        time.sleep(0.1)
+    assert (state / "rc").is_file(), (state / "plan.log").read_text()
+    assert (state / "out" / "step1" / "seen.txt").read_text() == "as started\n"
+    assert (state / "repo" / "results" / "r.txt").is_file() and not (repo / "results").exists()

@@ -6,9 +6,15 @@
 #   bash dev/gpu/plan.sh start dev/gpu/plans/NAME.txt
 #   bash dev/gpu/plan.sh wait       # poll up to WAIT_S s (default 540): each step's state, newest lines
 #   bash dev/gpu/plan.sh collect    # every step's $OUT so far -> $OUT/plan/stepN/, with the plan's log
+# The steps run in a copy of the checkout ($state/repo): every device call rewrites the checkout
+# first, and a file rewritten under a running step broke it (NVRTC could not open a kernel
+# header mid-compile); the copy also keeps local edits made meanwhile out of the running plan.
+# Look for a step's files there, not in the checkout.
 # A line `#keep GLOB` (a path under the repo) names results a step writes as it goes, such as
-# each finished learning run: every `wait` brings back what exists of them under $OUT/keep/,
-# so a machine taken back mid-step loses only the unfinished part.
+# each finished learning run: every `wait` brings back what exists of them as $OUT/keep.tgz (one
+# file: the device returns nothing more than two folders down), so a machine taken back mid-step
+# loses only the unfinished part. Poll with calls back to back: the machine goes back 30 s after
+# a call, and the detached job with it.
 # A failing step is recorded (its rc) and the next one starts. Before: the inputs the steps need
 # in place (wheels, data, model chunks; dev/gpu/assemble-model.sh runs on start).
 set -uo pipefail
@@ -20,12 +26,17 @@ steps() {  # the plan's commands, one a line
   grep -vE '^\s*(#|$)' "$state/plan.txt"
 }
 
-keep() {  # what the #keep lines name, copied under $OUT/keep/ with their paths
-  local glob f
-  grep -E '^#keep ' "$state/plan.txt" 2>/dev/null | cut -d' ' -f2- | while read -r glob; do
+workdir() {  # where the steps run: the plan's copy of the checkout (start makes it), else here
+  if [ -d "$state/repo" ]; then echo "$state/repo"; else pwd; fi
+}
+
+keep() {  # what the #keep lines name, as $OUT/keep.tgz with their paths
+  local glob f files=()
+  while read -r glob; do
     # shellcheck disable=SC2086  # the glob is meant to expand
-    for f in $glob; do [ -f "$f" ] && mkdir -p "$OUT/keep/$(dirname "$f")" && cp "$f" "$OUT/keep/$f"; done
-  done
+    for f in $glob; do [ -f "$f" ] && files+=("$f"); done
+  done < <(grep -E '^#keep ' "$state/plan.txt" 2>/dev/null | cut -d' ' -f2-)
+  [ ${#files[@]} -gt 0 ] && tar czf "$OUT/keep.tgz" "${files[@]}" && echo "kept: ${#files[@]} files"
 }
 
 case "${1:?start, wait or collect}" in
@@ -34,9 +45,10 @@ start)
   [ -f "$plan" ] || { echo "no plan file $plan"; exit 1; }
   inputs_in_place || exit 1
   export RATCHET_TRACKING=${RATCHET_TRACKING:-off}
-  rm -rf "$state" && mkdir -p "$state" && cp "$plan" "$state/plan.txt"
-  setsid nohup bash dev/gpu/plan.sh run > "$state/run.log" 2>&1 < /dev/null &
-  sleep 10 && tail -n 3 "$state/plan.log"
+  rm -rf "$state" && mkdir -p "$state/repo" "$state/shared/data" && cp "$plan" "$state/plan.txt"
+  cp -a . "$state/repo/" && ln -sfn /root/data/gsm8k "$state/shared/data/gsm8k"  # ../shared from the copy
+  (cd "$state/repo" && PLAN_STATE=$state setsid nohup bash dev/gpu/plan.sh run > "$state/run.log" 2>&1 < /dev/null &)
+  sleep "${START_WAIT_S:-10}"; tail -n 3 "$state/plan.log" 2>/dev/null || echo "[plan] started"
   ;;
 run)
   n=$(steps | wc -l) i=0
@@ -56,13 +68,13 @@ wait)
   last=$(ls -t "$state"/step*.log 2>/dev/null | head -n 1)
   [ -n "$last" ] && { echo "== $last"; grep -E "^\[" "$last" | tail -n 6 | cut -c1-220; }
   nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
-  keep && [ -d "$OUT/keep" ] && echo "kept: $(find "$OUT/keep" -type f | wc -l) files"
+  (cd "$(workdir)" && keep)
   [ -f "$state/rc" ] && echo "plan done" || echo "still running"
   ;;
 collect)
   mkdir -p "$OUT/plan" && cp -r "$state/out/." "$OUT/plan/" 2>/dev/null
   cp "$state"/*.log "$state/plan.txt" "$OUT/plan/" 2>/dev/null
-  keep
+  (cd "$(workdir)" && keep)
   ls -R "$OUT/plan" | head -40
   ;;
 esac
