@@ -47,6 +47,7 @@ class GRPOConfig:
     attention: str
     num_minibatches: int
     micro_batch_size: int
+    micro_batch_tokens: int | None
     num_workers: int
     ahead: int
     extra_groups: int

@@ -64,17 +64,26 @@ def loss_scale(cfg: GRPOConfig) -> float:
     return FP16_LOSS_SCALE if cfg.compute_dtype == "fp16" else 1.0
 
 
-def micro_batches(rows, prompts, responses, size: int) -> list[list[int]]:
-    """`rows` cut into micro-batches of `size`, shortest answers (prompt + response) first:
-    a micro-batch is padded to its longest answer, so like goes with like. The loss is a sum
-    over tokens, so the order changes only the order of the gradient's additions."""
-    rows = sorted(rows, key=lambda i: len(prompts[i]) + len(responses[i]))  # stable: ties keep order
-    return [rows[i:i + size] for i in range(0, len(rows), size)]
+def micro_batches(rows, prompts, responses, size: int, max_tokens: int | None = None) -> list[list[int]]:
+    """`rows` cut into micro-batches, shortest answers (prompt + response) first: a micro-batch
+    is padded to its longest answer, so like goes with like. At most `size` answers each and,
+    with `max_tokens`, at most that many padded tokens (answers x the longest; an answer longer
+    than that goes alone): short answers share a pass, and no pass pads every answer to the
+    step's longest (verl's dynamic batch size, by token budget). The loss is a sum over
+    tokens, so the cut changes only the order of the gradient's additions."""
+    length = lambda i: len(prompts[i]) + len(responses[i])  # noqa: E731
+    batches, current = [], []
+    for i in sorted(rows, key=length):  # stable: ties keep order; i is the longest so far
+        if current and (len(current) == size or (max_tokens is not None and (len(current) + 1) * length(i) > max_tokens)):
+            batches.append(current)
+            current = []
+        current.append(i)
+    return batches + [current] if current else batches
 
 
 def forwards(policy, exp: Experience, rows, cfg: GRPOConfig, with_entropy: bool):
     """(rows, log-probs [b, t] as the loss sees them, mask [b, t], entropy) per micro-batch."""
-    for mb in micro_batches(rows, exp.prompts, exp.responses, cfg.micro_batch_size):
+    for mb in micro_batches(rows, exp.prompts, exp.responses, cfg.micro_batch_size, cfg.micro_batch_tokens):
         lp, mask, ent = policy.token_logprobs([exp.prompts[i] for i in mb], [exp.responses[i] for i in mb],
                                               temperature=cfg.temperature, weight_dtype=cfg.weight_dtype,
                                               compute_dtype=cfg.compute_dtype, with_entropy=with_entropy,
