@@ -39,7 +39,7 @@ def learning_part(ablate: Path, asked: list[str] | None = None) -> dict:
     if not summary.is_file():
         raise SystemExit(f"--learning {ablate}: no learning_summary.json (run `python -m ratchet "
                          "ablate_learning` over the runs first)")
-    rows = lambda name: pd.read_parquet(ablate / name).to_dict("records")  # noqa: E731
+    rows = lambda name: pd.read_parquet(ablate / name).to_dict("records")
     runs = rows("learning.parquet")
     part = {"summary": json.loads(summary.read_text()), "runs": runs, "differences": rows("learning_diffs.parquet"),
             "runs_present": [f"{r['dtype']}-{r['remedy']}" for r in runs]}

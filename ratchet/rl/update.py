@@ -71,7 +71,7 @@ def micro_batches(rows, prompts, responses, size: int, max_tokens: int | None = 
     than that goes alone): short answers share a pass, and no pass pads every answer to the
     step's longest (verl's dynamic batch size, by token budget). The loss is a sum over
     tokens, so the cut changes only the order of the gradient's additions."""
-    length = lambda i: len(prompts[i]) + len(responses[i])  # noqa: E731
+    length = lambda i: len(prompts[i]) + len(responses[i])
     batches, current = [], []
     for i in sorted(rows, key=length):  # stable: ties keep order; i is the longest so far
         if current and (len(current) == size or (max_tokens is not None and (len(current) + 1) * length(i) > max_tokens)):
