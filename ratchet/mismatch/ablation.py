@@ -106,11 +106,10 @@ class Setup:
     batch_invariant: bool = True
     vllm_options: dict | None = None  # the `engine.vllm` section (backend vllm)
 
-    def engine(self, dtype: str, weights=None, backend: str | None = None, batch_invariant: bool | None = None,
-               max_batch_size: int | None = None):
+    def engine(self, dtype: str, weights=None, backend: str | None = None, batch_invariant: bool | None = None):
         """A fresh engine of `dtype` on `weights` (the converted ones by default), rounded, on
-        `backend` (the setup's by default; vLLM has no batch-invariant mode); the setup's
-        batch invariance and rows unless given."""
+        `backend` (the setup's by default; vLLM has no batch-invariant mode), with the setup's
+        rows and, unless given, its batch invariance."""
         from ratchet.engines import make_engine
         from ratchet.model.dtypes import round_to
         from ratchet.model.io import EngineModel
@@ -119,7 +118,7 @@ class Setup:
         weights = self.model.weights if weights is None else weights
         invariant = self.batch_invariant if batch_invariant is None else batch_invariant
         model = EngineModel(self.model.cfg, {k: round_to(v, dtype) for k, v in weights.items()}, dtype)
-        return make_engine(model, backend=backend, max_batch_size=max_batch_size or self.max_batch_size,
+        return make_engine(model, backend=backend, max_batch_size=self.max_batch_size,
                            max_seq_len=self.max_seq_len, batch_invariant=invariant and backend != "vllm",
                            vllm_options=self.vllm_options)
 
@@ -136,7 +135,7 @@ class Setup:
         mode: both evaluate on the trajectory's engine."""
         if self.backend != "cuda" or not self.batch_invariant:
             return None
-        return self.engine(dtype, batch_invariant=False, max_batch_size=self.max_batch_size)
+        return self.engine(dtype, batch_invariant=False)
 
     def for_run(self, grpo_cfg: GRPOConfig) -> Setup:
         """The setup a training run (ablate_fix, ablate_learning) starts from, on the engine
