@@ -52,6 +52,14 @@ def flat_offsets(cfg: ModelConfig) -> tuple[dict[str, tuple[int, int]], int]:
     return out, offset
 
 
+def flat_views(cfg: ModelConfig, flat) -> dict:
+    """{name: view of `flat`} in flat_offsets' layout, shaped as expected_shapes: one flat
+    array (torch or CuPy, at least flat_offsets' length) seen as the named tensors."""
+    offsets, _ = flat_offsets(cfg)
+    return {name: flat[offset:offset + size].reshape(shape)
+            for (name, shape), (offset, size) in zip(expected_shapes(cfg).items(), offsets.values())}
+
+
 def coalesce(src_ptrs, dst_ptrs, sizes, itemsize: int) -> tuple[list[int], list[int], list[int]]:
     """Neighbours that continue each other on both sides (a source directly after the last
     source, its buffer directly after the last buffer) merged into one range: with the

@@ -14,7 +14,7 @@ from torch.func import functional_call
 from torch.utils.checkpoint import checkpoint
 
 from ratchet.model.config import ModelConfig
-from ratchet.model.layout import check_weights, expected_shapes, flat_offsets, rope_tables
+from ratchet.model.layout import check_weights, expected_shapes, flat_offsets, flat_views, rope_tables
 from ratchet.trainer.precision import autocast, rounded_parameters
 
 
@@ -39,10 +39,8 @@ class RMSNorm(nn.Module):
 def flat_masters(cfg: ModelConfig, device) -> dict[str, torch.Tensor]:
     """Uninitialised fp32 tensors under the engine names, each a view of one flat buffer in
     `flat_offsets`' layout: how the trainer holds its CUDA masters."""
-    offsets, length = flat_offsets(cfg)
-    flat = torch.empty(length, dtype=torch.float32, device=device)
-    return {name: flat[offset:offset + size].view(shape)
-            for (name, shape), (offset, size) in zip(expected_shapes(cfg).items(), offsets.values())}
+    _, length = flat_offsets(cfg)
+    return flat_views(cfg, torch.empty(length, dtype=torch.float32, device=device))
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -33,8 +33,8 @@ from ratchet.model.layout import (
     DTYPES,
     check_update,
     check_weights,
-    expected_shapes,
     flat_offsets,
+    flat_views,
     rope_tables,
 )
 
@@ -120,11 +120,9 @@ class CudaBackend:
     def load_weights(self, weights: Mapping[str, np.ndarray]) -> None:
         check_weights(self.cfg, weights, "cuda backend load_weights")
         if not self.weights:
-            offsets, length = flat_offsets(self.cfg)  # the trainer's CUDA masters' layout
+            _, length = flat_offsets(self.cfg)  # the trainer's CUDA masters' layout
             with self.stream:
-                arena = cp.empty(length, dtype=self.storage)
-                self.weights = {name: arena[offset:offset + size].reshape(shape) for (name, shape), (offset, size)
-                                in zip(expected_shapes(self.cfg).items(), offsets.values())}
+                self.weights = flat_views(self.cfg, cp.empty(length, dtype=self.storage))
             self.layers.bind(self.weights)
         self.update_weights(weights)
 
