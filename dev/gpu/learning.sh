@@ -3,6 +3,8 @@
 #   SET='ablate.learning.engine_dtypes=[fp16]' JOBS=2 bash dev/gpu/learning.sh start
 #   bash dev/gpu/learning.sh wait      # poll up to WAIT_S s (default 540): runs done, the newest lines
 #   bash dev/gpu/learning.sh collect   # tables, figure, summary, logs -> $OUT/h200-learning.tgz
+# LEARN_TARGETS: run files to make in place of the whole comparison (e.g. the runs a session has
+# left, aggregated afterwards where the earlier runs are);
 # SET: snakemake's `set=` overrides (a subset of the runs fits one session: 5 runs of 100 steps
 # at ~1.9 s a step, two at a time); JOBS: runs side by side on the one GPU (~45 GB each).
 # Before: as dev/gpu/ablate.sh (wheels, data, model chunks in /root/m, .cache/commit).
@@ -19,7 +21,7 @@ start)
   sleep 15 && tail -5 "$state/snakemake.log"
   ;;
 run)
-  mkdir -p "$state" && run_timed "$state" python3 -m snakemake ablate_learning --cores all --configfile config/local.yaml \
+  mkdir -p "$state" && run_timed "$state" python3 -m snakemake ${LEARN_TARGETS:-ablate_learning} --cores all --configfile config/local.yaml \
     --resources gpu_jobs="$LEARN_JOBS" ${LEARN_SET:+--config set="$LEARN_SET"}
   ;;
 wait)
