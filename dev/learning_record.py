@@ -9,6 +9,10 @@ given is listed under `parts_missing`, and a run the profile asks for (`--asked`
     python -m dev.learning_record --learning results/local/ablate \
         --gradient results/records/h200-gradient.json --grid grid-conditions.json \
         --commit C --out results/records/h200-learning.json
+
+Runs from several sessions (`--runs`: folders named dtype-remedy, each with the steps.parquet
+and answers.parquet of one ablate_learning_run) are compared first, by the same function as
+the pipeline's ablate_learning, into `--learning`.
 """
 
 from __future__ import annotations
@@ -50,6 +54,28 @@ def learning_part(ablate: Path, asked: list[str] | None = None) -> dict:
     return part
 
 
+def compare_runs(run_dirs: list[Path], into: Path, asked: Path) -> None:
+    """ablate_learning's comparison of the runs in `run_dirs`, written to `into` (the
+    files learning_part reads); `asked`'s ablate.learning gives the steps the record states."""
+    from ratchet import config as config_mod
+    from ratchet.mismatch.learning import LearningSettings
+    from ratchet.paths import RunPaths
+    from ratchet.stages.learning import write_comparison
+
+    steps, answers = [], []
+    for d in run_dirs:
+        for name, into_list in (("steps.parquet", steps), ("answers.parquet", answers)):
+            if not (d / name).is_file():
+                raise SystemExit(f"--runs {d}: no {name} (a folder of one ablate_learning_run)")
+            into_list.append(pd.read_parquet(d / name))
+    paths = RunPaths(into.parent, into.name)  # write_comparison writes under paths.ablate
+    write_comparison(paths, LearningSettings.from_config(config_mod.load(asked)),
+                     pd.concat(steps, ignore_index=True), pd.concat(answers, ignore_index=True))
+    for f in paths.ablate.iterdir():
+        f.replace(into / f.name)
+    paths.ablate.rmdir()
+
+
 def gradient_part(record: Path) -> dict:
     rec = json.loads(record.read_text())
     if "gradient_table" not in rec:
@@ -70,6 +96,7 @@ def build(learning: Path | None, gradient: Path | None, grid: Path | None, asked
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--learning", type=Path, help="the ablate/ folder holding ablate_learning's outputs")
+    ap.add_argument("--runs", type=Path, nargs="+", help="ablate_learning_run folders to compare into --learning")
     ap.add_argument("--gradient", type=Path, help="dev.ablate_record's record of an ablate_gradient run")
     ap.add_argument("--grid", type=Path, help="dev.grid_conditions' record")
     ap.add_argument("--asked", type=Path, default=Path("config/local.yaml"),
@@ -79,6 +106,10 @@ def main(argv=None) -> None:
     ap.add_argument("--command", action="append", default=[])
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
+    if args.runs:
+        if not args.learning:
+            raise SystemExit("--runs needs --learning, the folder to write their comparison into")
+        compare_runs(args.runs, args.learning, args.asked)
     record = {"commit": args.commit, "machine": args.machine, "commands": args.command,
               **build(args.learning, args.gradient, args.grid, asked_runs(args.asked) if args.learning else None)}
     write_json(args.out, record)

@@ -103,17 +103,38 @@ def test_the_run_table_pairs_the_gain_with_the_runs_own_start():
     after = [1] * 10 + [0] * 40 + [1] * 50  # +10 points, all improved
     answers = pd.concat([_answers({"none": before}, step=0), _answers({"none": after}, step=20)])
     steps = pd.DataFrame({"dtype": "bf16", "remedy": "none", "step": range(20),
-                          "reward": np.r_[np.zeros(10), np.ones(10)]})
+                          "reward": np.r_[np.zeros(10), np.ones(10)], "gap_mean": np.r_[np.zeros(10), np.ones(10)] / 100})
     runs = run_table(steps, answers)
     r = runs.iloc[0]
     assert (r["baseline_accuracy"], r["accuracy"], r["gain"]) == pytest.approx((0.5, 0.6, 0.1))
     assert r["gain_stderr"] == pytest.approx(np.std([1] * 10 + [0] * 90, ddof=1) / 10)
     assert (r["improved"], r["worsened"], r["n"], r["steps"]) == (10, 0, 100, 20)
     assert (r["reward_first_tenth"], r["reward_last_tenth"]) == (0.0, 1.0)
+    assert r["gap_mean_mean_over_steps"] == pytest.approx(0.005) and np.isnan(r["visible_share_mean_over_steps"])
     assert r["gain_established"]
     rec = record(runs, difference_table(answers), LearningSettings(20, 10, ("bf16",), ("none",)))
     assert rec["learning_accuracy_bf16_none"] == pytest.approx(0.6)
     assert rec["learning_established"] == [] and rec["learning_not_established"] == []
+
+
+def test_pooling_over_dtypes_averages_each_problems_difference_and_skips_a_remedy_run_once():
+    from ratchet.mismatch.learning import pooled_difference_table
+
+    rng = np.random.default_rng(1)
+    none = {d: rng.random(400) < 0.3 for d in ("fp16", "bf16")}
+    fix = {d: none[d] | (rng.random(400) < 0.05) for d in ("fp16", "bf16")}
+    answers = pd.concat([_answers({"none": none[d], "fix": fix[d]}, dtype=d) for d in ("fp16", "bf16")]
+                        + [_answers({"exact": none["fp16"]}, dtype="fp16")], ignore_index=True)
+    pooled = pooled_difference_table(answers)
+    assert pooled[["dtypes", "a", "b"]].values.tolist() == [["fp16+bf16", "none", "fix"]]  # exact: fp16 only
+    per_problem = ((fix["fp16"].astype(float) - none["fp16"]) + (fix["bf16"].astype(float) - none["bf16"])) / 2
+    row = pooled.iloc[0]
+    assert row["diff"] == pytest.approx(per_problem.mean())
+    assert row["stderr"] == pytest.approx(per_problem.std(ddof=1) / np.sqrt(400))
+    rec = record(run_table(pd.DataFrame({"dtype": [], "remedy": [], "step": [], "reward": []}), answers.iloc[:0]),
+                 difference_table(answers), LearningSettings(20, 10, ("fp16", "bf16"), ("none", "fix")), pooled)
+    assert rec["learning_pooled_over_dtypes_exploratory"][0].startswith("fp16+bf16: fix - none = +")
+    assert pooled_difference_table(answers[answers["dtype"] == "fp16"]).empty  # one dtype: nothing to pool
 
 
 def _answers(runs: dict[str, list], step: int = 20, dtype: str = "bf16") -> pd.DataFrame:

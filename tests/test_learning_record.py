@@ -56,3 +56,44 @@ def test_a_record_without_a_gradient_table_is_refused(tmp_path):
     (tmp_path / "g.json").write_text(json.dumps({"commit": "c"}))
     with pytest.raises(SystemExit, match="no gradient_table"):
         learning_record.main(["--gradient", str(tmp_path / "g.json"), "--commit", "c", "--out", str(tmp_path / "r.json")])
+
+
+def _run_folder(root, dtype, remedy, start, final):
+    """One ablate_learning_run's folder: its per-step rows and its answers at steps 0 and 10."""
+    d = root / f"{dtype}-{remedy}"
+    d.mkdir(parents=True)
+    answers = pd.concat([pd.DataFrame({"step": s, "id": range(len(c)), "correct": c, "num_tokens": 10,
+                                       "dtype": dtype, "remedy": remedy}) for s, c in ((0, start), (10, final))])
+    answers.to_parquet(d / "answers.parquet")
+    pd.DataFrame({"step": range(10), "reward": 0.5, "dtype": dtype, "remedy": remedy}).to_parquet(d / "steps.parquet")
+    return d
+
+
+def test_runs_from_two_sessions_are_compared_as_the_pipeline_would_and_the_absent_named(tmp_path):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    start = rng.random(400) < 0.25
+    finals = {"none": start | (rng.random(400) < 0.02), "fix": start | (rng.random(400) < 0.3)}
+    runs = [_run_folder(tmp_path / "session5", "fp16", "none", start, finals["none"]),
+            _run_folder(tmp_path / "session6", "fp16", "fix", start, finals["fix"])]
+    into, out = tmp_path / "compared", tmp_path / "r.json"
+    learning_record.main(["--runs", *map(str, runs), "--learning", str(into), "--commit", "c", "--out", str(out)])
+    rec = json.loads(out.read_text())
+    assert rec["learning"]["runs_present"] == ["fp16-none", "fp16-fix"]
+    assert [r["accuracy"] for r in rec["learning"]["runs"]] == pytest.approx([finals["none"].mean(), finals["fix"].mean()])
+    diff = rec["learning"]["differences"][0]
+    assert (diff["a"], diff["b"]) == ("none", "fix") and diff["established"]
+    assert diff["diff"] == pytest.approx(finals["fix"].mean() - finals["none"].mean())
+    assert len(rec["learning_runs_missing"]) == 8 and "bf16-exact" in rec["learning_runs_missing"]
+    assert (into / "learning.png").stat().st_size > 0 and not (into / "ablate").exists()
+
+
+def test_a_run_folder_without_its_answers_is_refused_by_name(tmp_path):
+    d = tmp_path / "fp16-none"
+    d.mkdir()
+    pd.DataFrame({"step": [0]}).to_parquet(d / "steps.parquet")
+    with pytest.raises(SystemExit, match="fp16-none: no answers.parquet"):
+        learning_record.main(["--runs", str(d), "--learning", str(tmp_path / "c"), "--commit", "c",
+                              "--out", str(tmp_path / "r.json")])
+    assert not (tmp_path / "r.json").exists()

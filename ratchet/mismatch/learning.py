@@ -134,7 +134,8 @@ def accuracy_curve(answers: pd.DataFrame) -> pd.DataFrame:
 
 def run_table(steps: pd.DataFrame, answers: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
     """One row per run: accuracy before training (step 0) and after, the paired gain, the
-    reward over the first and last tenth of the steps. `gain_established`: the gain's test
+    reward over the first and last tenth of the steps, the per-step mean gap (|dlogp|) and
+    visible share averaged over the steps. `gain_established`: the gain's test
     rejected after Holm's correction over the runs (ratchet/mismatch/paired.py)."""
     rows = []
     for (dtype, remedy), part in answers.groupby(["dtype", "remedy"], sort=False):
@@ -143,15 +144,18 @@ def run_table(steps: pd.DataFrame, answers: pd.DataFrame, alpha: float = 0.05) -
         g = paired_difference(before.to_numpy(), after.reindex(before.index).to_numpy())
         n = len(after)
         acc = float(after.mean())
-        rewards = steps[(steps["dtype"] == dtype) & (steps["remedy"] == remedy)].sort_values("step")["reward"]
+        own = steps[(steps["dtype"] == dtype) & (steps["remedy"] == remedy)].sort_values("step")
+        rewards = own["reward"]
         tenth = max(1, len(rewards) // 10)
+        means = {f"{c}_mean_over_steps": float(own[c].mean()) if c in own else np.nan
+                 for c in ("gap_mean", "visible_share")}
         rows.append({"dtype": dtype, "remedy": remedy, "steps": last, "n": n,
                      "baseline_accuracy": float(before.mean()), "accuracy": acc,
                      "accuracy_stderr": float(np.sqrt(acc * (1 - acc) / n)) if n else np.nan,
                      "gain": g["diff"], "gain_stderr": g["stderr"], "gain_p": g["p"],
                      "improved": g["better"], "worsened": g["worse"],
                      "reward_first_tenth": float(rewards.head(tenth).mean()),
-                     "reward_last_tenth": float(rewards.tail(tenth).mean())})
+                     "reward_last_tenth": float(rewards.tail(tenth).mean()), **means})
     table = pd.DataFrame(rows)
     if len(table):
         table["gain_p_holm"], table["gain_established"] = holm(table["gain_p"], alpha)
@@ -177,7 +181,27 @@ def difference_table(answers: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame
     return table
 
 
-def record(runs: pd.DataFrame, diffs: pd.DataFrame, learning: LearningSettings) -> dict:
+def pooled_difference_table(answers: pd.DataFrame) -> pd.DataFrame:
+    """Every pair of remedies run with every engine dtype, pooled over the dtypes: per problem,
+    b - a after training averaged over the dtypes, with its paired standard error. Exploratory:
+    the dtypes' runs are separate trainings, so pooling doubles the evidence for an effect the
+    remedies share, but these rows are outside the Holm family of difference_table (a pattern
+    read off it is a hypothesis for runs from fresh seeds, not a finding)."""
+    dtypes = list(answers["dtype"].unique())
+    finals = {(d, r): _final(p, int(p["step"].max())) for (d, r), p in answers.groupby(["dtype", "remedy"], sort=False)}
+    everywhere = [r for r in answers["remedy"].unique() if all((d, r) in finals for d in dtypes)]
+    rows = []
+    if len(dtypes) > 1:
+        for a, b in itertools.combinations(everywhere, 2):
+            common = sorted(set.intersection(*(set(finals[(d, r)].index) for d in dtypes for r in (a, b))))
+            pooled = [np.mean([finals[(d, r)].loc[common].to_numpy() for d in dtypes], axis=0) for r in (a, b)]
+            rows.append({"dtypes": "+".join(dtypes), "a": a, "b": b, **paired_difference(*pooled)})
+    return pd.DataFrame(rows, columns=["dtypes", "a", "b", "diff", "stderr", "n", "z", "ci_low", "ci_high", "p",
+                                       "better", "worse"])
+
+
+def record(runs: pd.DataFrame, diffs: pd.DataFrame, learning: LearningSettings,
+           pooled: pd.DataFrame | None = None) -> dict:
     """The headline numbers: each run's final accuracy and gain, and which differences are
     established and which are not."""
     out: dict = {"learning_steps": learning.steps, "learning_eval_n": int(runs["n"].max()) if len(runs) else 0}
@@ -188,4 +212,8 @@ def record(runs: pd.DataFrame, diffs: pd.DataFrame, learning: LearningSettings) 
     name = lambda d: f"{d.dtype}: {d.b} - {d.a} = {100 * d.diff:+.2f} ± {100 * d.stderr:.2f} pts"  # noqa: E731
     out["learning_established"] = [name(d) for d in diffs.itertuples() if d.established]
     out["learning_not_established"] = [name(d) for d in diffs.itertuples() if not d.established]
+    if pooled is not None and len(pooled):
+        out["learning_pooled_over_dtypes_exploratory"] = [
+            f"{d.dtypes}: {d.b} - {d.a} = {100 * d.diff:+.2f} ± {100 * d.stderr:.2f} pts (p {d.p:.3g}, uncorrected)"
+            for d in pooled.itertuples()]
     return out

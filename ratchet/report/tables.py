@@ -240,7 +240,8 @@ def _points(value, stderr) -> str:
 
 
 def learning_table(runs: pd.DataFrame | None) -> pd.DataFrame | None:
-    """ablate_learning per run: accuracy before and after, the paired gain (points)."""
+    """ablate_learning per run: accuracy before and after, the paired gain (points), the gap
+    (absent from tables made before it was recorded: NaN)."""
     if runs is None:
         return None
     return pd.DataFrame([{
@@ -250,6 +251,7 @@ def learning_table(runs: pd.DataFrame | None) -> pd.DataFrame | None:
         "gain (paired, points)": f"{_points(r.gain, r.gain_stderr)} (+{r.improved} / -{r.worsened})",
         "gain established": bool(r.gain_established),
         "reward, first 10th": r.reward_first_tenth, "reward, last 10th": r.reward_last_tenth,
+        "mean gap |dlogp| per step": getattr(r, "gap_mean_mean_over_steps", float("nan")),
     } for r in runs.itertuples()])
 
 

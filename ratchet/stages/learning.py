@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -80,31 +81,48 @@ def read_runs(cfg: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def ablate_learning(cfg: dict, run) -> None:
+    from ratchet.mismatch.learning import LearningSettings
+
+    paths = RunPaths.from_config(cfg)
+    steps, answers = read_runs(cfg)
+    summary = write_comparison(paths, LearningSettings.from_config(cfg), steps, answers)
+    run.log_metrics({f"ablate/{k}": v for k, v in summary.items()
+                     if isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)})
+    for path in comparison_outputs(paths):
+        run.log_output(path)
+
+
+def comparison_outputs(paths: RunPaths) -> tuple[Path, ...]:
+    return (paths.learning_table, paths.learning_diffs, paths.learning_curves, paths.learning_figure,
+            paths.learning_summary)
+
+
+def write_comparison(paths: RunPaths, learning, steps: pd.DataFrame, answers: pd.DataFrame) -> dict:
+    """The runs side by side (run table, paired differences, accuracy curves, figure, summary)
+    under paths.ablate; also what dev/learning_record.py calls on runs from several sessions."""
     from ratchet.mismatch.learning import (
-        LearningSettings,
         accuracy_curve,
         difference_table,
+        pooled_difference_table,
         record,
         run_table,
     )
     from ratchet.report.figures import learning_figure
 
-    paths = RunPaths.from_config(cfg)
-    learning = LearningSettings.from_config(cfg)
-    steps, answers = read_runs(cfg)
     runs, diffs, curves = run_table(steps, answers), difference_table(answers), accuracy_curve(answers)
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         print("[ablate_learning] runs:\n" + runs.to_string(index=False), flush=True)
         print("[ablate_learning] differences after training:\n" + diffs.to_string(index=False), flush=True)
-    summary = record(runs, diffs, learning)
+    pooled = pooled_difference_table(answers)
+    if len(pooled):
+        with pd.option_context("display.width", 200, "display.max_columns", 30):
+            print("[ablate_learning] pooled over the engine dtypes (exploratory, outside Holm):\n"
+                  + pooled.to_string(index=False), flush=True)
+    summary = record(runs, diffs, learning, pooled)
     print("[ablate_learning] record: " + json.dumps(summary), flush=True)
     write_parquet(paths.learning_table, runs)
     write_parquet(paths.learning_diffs, diffs)
     write_parquet(paths.learning_curves, curves)
     learning_figure(steps, curves, paths.learning_figure)
     write_json(paths.learning_summary, summary)
-    run.log_metrics({f"ablate/{k}": v for k, v in summary.items()
-                     if isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)})
-    for path in (paths.learning_table, paths.learning_diffs, paths.learning_curves, paths.learning_figure,
-                 paths.learning_summary):
-        run.log_output(path)
+    return summary
