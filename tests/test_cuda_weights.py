@@ -182,6 +182,45 @@ def test_copy_many_odd_sizes_misaligned_sources(kernel):
                                        else (cp.asnumpy(buf)[nan].astype(np.uint32) << 16).view(np.float32)))
 
 
+@pytest.mark.parametrize("loads", [0, 2, 4])
+def test_one_range_kernels_round_every_value_once_at_odd_sizes_and_misaligned(loads):
+    """A single (buffer, tensor) pair is one range: convert_f32 (loads 0) or convert_tiles
+    (1,024 x loads values a block, the last n % 4 by the last tile's block). Sizes at and
+    around the tile edges, and CuPy views off a 16-byte boundary (the scalar path): bits equal
+    round_to's, and nothing past the end is written."""
+    import dataclasses
+
+    import cupy as cp
+    import torch
+
+    from ratchet.engine.cuda import sync
+    from ratchet.model.dtypes import fp32_to_bf16_bits
+
+    kernel = dataclasses.replace(sync.DEFAULT_KERNEL, range_loads=loads)
+    torch.manual_seed(2)
+    base = cp.asarray(np.random.default_rng(3).standard_normal(20011).astype(np.float32) * 300)
+    for dtype in ("fp16", "bf16"):
+        for n in (1, 3, 4, 5, 2047, 2048, 2049, 4096, 4099, 3 * 4096 + 7, 1_000_003):
+            src = torch.randn(n, device="cuda") * 300
+            src[0] = float("nan")
+            for source in (src, base[1:1 + min(n, 20000)]):  # torch; a view 4 bytes off
+                m = int(np.prod(source.shape))
+                guard = 0x3C00 if dtype == "fp16" else 0x5555  # fp16 1.0; a bf16 pattern
+                buf = cp.full(m + 8, guard, dtype=np.uint16).view(np.float16 if dtype == "fp16" else np.uint16)
+                sync.copy_many([(buf[:m], source)], dtype, kernel=kernel)  # one pair: one range
+                cp.cuda.runtime.deviceSynchronize()
+                host = source.cpu().numpy() if isinstance(source, torch.Tensor) else cp.asnumpy(source)
+                got = cp.asnumpy(buf).view(np.uint16)
+                if dtype == "fp16":
+                    with np.errstate(over="ignore"):
+                        want = host.astype(np.float16).view(np.uint16)
+                else:
+                    want = fp32_to_bf16_bits(host)
+                ok = ~np.isnan(host)
+                np.testing.assert_array_equal(got[:m][ok], want[ok], err_msg=f"{dtype} n {m} loads {loads}")
+                assert np.all(got[m:] == guard), f"{dtype} n {m} loads {loads}: written past the end"
+
+
 # ------------------------------------------------------------------ engine vs trainer
 
 

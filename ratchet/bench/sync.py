@@ -3,6 +3,7 @@ save-and-reload (16-bit safetensors through the host)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 import time
@@ -45,7 +46,9 @@ def compare_kernels(backend, items) -> dict[str, float]:
                "table-4096-per-chunk-plain": K("table", 4096, 4, stream=False, per_chunk=True),
                "table-2048-per-chunk": K("table", 2048, 8, per_chunk=True),
                "table-2048-per-chunk-plain": K("table", 2048, 8, stream=False, per_chunk=True),
-               "table-1024-per-chunk-plain": K("table", 1024, 8, stream=False, per_chunk=True)}
+               "table-1024-per-chunk-plain": K("table", 1024, 8, stream=False, per_chunk=True),
+               **{f"one range: convert_tiles, {n} loads": dataclasses.replace(sync.DEFAULT_KERNEL, range_loads=n)
+                  for n in (2, 4)}}
     out = {name: _copy_events_ms(backend, sync.WeightSync(backend.weights, backend.dtype, kernel=kernel), items)
            for name, kernel in kernels.items()}
     # the same sync from masters in separate allocations (the layout before flat_offsets): no

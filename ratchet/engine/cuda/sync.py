@@ -34,12 +34,15 @@ class SyncKernel:
     stream: bool = True
     per_chunk: bool = False
     one_range: bool = False  # a sync that coalesces into one range: convert_f32's grid-stride loop
+    range_loads: int = 0  # with one_range: 0 convert_f32, else convert_tiles with this many float4 loads a thread
 
     def expression(self, mode: int) -> str:
         if self.name == "search":
             return f"convert_many<{mode}>"
         if self.name == "f32":
             return f"convert_f32<{mode}>"
+        if self.name == "tiles":
+            return f"convert_tiles<{mode}, {self.range_loads}>"
         return f"convert_table<{mode}, {self.chunk}, {self.blocks_per_sm}, {int(self.stream)}>"
 
     def grid(self, chunks: int, sms: int) -> int:
@@ -144,8 +147,13 @@ class _Plan:
             self._prepare(*coalesce(src_ptrs, dst_ptrs, sizes, 4 if mode == 2 else 2), mode)
             self.key = key
         if self.range is not None:
-            fn = _kernel(mode, SyncKernel("f32"))
-            fn((_sm_count() * ONE_RANGE_BLOCKS_PER_SM,), (BLOCK,), self.range)
+            loads = self.kernel.range_loads
+            if loads:
+                fn = _kernel(mode, SyncKernel("tiles", range_loads=loads))
+                fn((-(-int(self.range[2]) // (BLOCK * 4 * loads)),), (BLOCK,), self.range)
+            else:
+                fn = _kernel(mode, SyncKernel("f32"))
+                fn((_sm_count() * ONE_RANGE_BLOCKS_PER_SM,), (BLOCK,), self.range)
         elif self.chunks:
             grid = self.kernel.grid(self.chunks, _sm_count())
             fn = _kernel(mode, self.kernel)

@@ -2,7 +2,7 @@
 // (and torch's .to(dtype)) give it, NaN included. For in-place weight sync: the source is a
 // torch fp32 tensor seen through DLPack, the destination an engine weight buffer.
 //
-// convert_f32: one tensor. convert_many: every tensor of a sync in one launch, from a device
+// convert_f32: one tensor (convert_tiles: the same, one block per tile). convert_many: every tensor of a sync in one launch, from a device
 // array of descriptors (src, dst, n, first chunk); the work is cut into chunks of
 // CONVERT_CHUNK elements that blocks take in a grid-stride loop, each thread 8 consecutive
 // elements per step (two 16-byte loads, one 16-byte store), all its loads issued first.
@@ -63,6 +63,45 @@ struct ConvertDesc {      // one tensor of a sync; 32 bytes, as ratchet/engine/c
 
 __device__ __forceinline__ unsigned int pack2(unsigned short lo, unsigned short hi) {
     return (unsigned int)lo | ((unsigned int)hi << 16);
+}
+
+// convert_tiles: one range as convert_f32 converts it, cut the way torch's element-wise copy
+// cuts it: one block per tile of 1,024 x LOADS elements (no grid-stride loop), each thread
+// LOADS warp-coalesced float4 loads issued before its first store. convert_f32's one float4 a
+// thread in flight left the H200's bandwidth idle: 1.11 ms for the 0.5B sync where torch's
+// copy of the same bytes takes 0.68 (docs/KERNELS.md, sync run 7). 256 threads; src 16-byte
+// and dst 8-byte aligned, else the scalar loop (as convert_f32).
+template <int BF16_OUT, int LOADS>
+__global__ void __launch_bounds__(256)
+convert_tiles(const float* __restrict__ src, unsigned short* __restrict__ dst, long long n) {
+    const long long tile = (long long)blockIdx.x * (256LL * 4 * LOADS);
+    const bool aligned = (reinterpret_cast<size_t>(src) & 15) == 0 && (reinterpret_cast<size_t>(dst) & 7) == 0;
+    if (aligned) {
+        const long long nvec = n / 4, first = tile / 4;
+        float4 f[LOADS];
+#pragma unroll
+        for (int s = 0; s < LOADS; ++s) {
+            const long long v = first + s * 256 + threadIdx.x;
+            if (v < nvec) f[s] = reinterpret_cast<const float4*>(src)[v];
+        }
+#pragma unroll
+        for (int s = 0; s < LOADS; ++s) {
+            const long long v = first + s * 256 + threadIdx.x;
+            if (v < nvec) {
+                ushort4 o;
+                o.x = to_bits<BF16_OUT>(f[s].x);
+                o.y = to_bits<BF16_OUT>(f[s].y);
+                o.z = to_bits<BF16_OUT>(f[s].z);
+                o.w = to_bits<BF16_OUT>(f[s].w);
+                reinterpret_cast<ushort4*>(dst)[v] = o;
+            }
+        }
+        const long long i = nvec * 4 + threadIdx.x;  // the last n % 4 values, by the last tile's block
+        if (i < n && tile <= nvec * 4 && nvec * 4 < tile + 256LL * 4 * LOADS) dst[i] = to_bits<BF16_OUT>(src[i]);
+    } else {
+        const long long end = min(tile + 256LL * 4 * LOADS, n);
+        for (long long i = tile + threadIdx.x; i < end; i += 256) dst[i] = to_bits<BF16_OUT>(src[i]);
+    }
 }
 
 // Elements [from, end) of one tensor, one a thread in a block-stride loop: a chunk's tail past its
