@@ -47,6 +47,8 @@ def compare_kernels(backend, items) -> dict[str, float]:
                "table-2048-per-chunk": K("table", 2048, 8, per_chunk=True),
                "table-2048-per-chunk-plain": K("table", 2048, 8, stream=False, per_chunk=True),
                "table-1024-per-chunk-plain": K("table", 1024, 8, stream=False, per_chunk=True),
+               "default without one range (the table kernel over the flat range's chunks)":
+                   dataclasses.replace(sync.DEFAULT_KERNEL, one_range=False),
                **{f"one range: convert_tiles, {n} loads": dataclasses.replace(sync.DEFAULT_KERNEL, range_loads=n)
                   for n in (2, 4)}}
     out = {name: _copy_events_ms(backend, sync.WeightSync(backend.weights, backend.dtype, kernel=kernel), items)
