@@ -360,3 +360,22 @@ def test_the_report_shows_the_learning_tables_only_where_they_ran():
     assert "+0.00 ± 0.00 (+0 / -0)" in text  # each run's gain over its own start
     assert "fix - none" in text and "+50.00 ± " in text  # the planted difference, established
     assert "## Learning" not in build_summary(ReportInputs(run_name="t"))
+
+
+def test_the_figure_gains_a_row_of_paired_differences_when_given_them(tmp_path):
+    from matplotlib.image import imread
+
+    from ratchet.mismatch.learning import accuracy_curve
+    from ratchet.report.figures import learning_figure
+
+    rng = np.random.default_rng(2)
+    start = rng.random(200) < 0.3
+    answers = pd.concat([_answers({"none": start, "fix": start}, step=0, dtype="fp16"),
+                         _answers({"none": start, "fix": start | (rng.random(200) < 0.3)}, step=10, dtype="fp16")],
+                        ignore_index=True)
+    steps = pd.DataFrame({"dtype": "fp16", "remedy": ["none"] * 10 + ["fix"] * 10, "step": list(range(10)) * 2,
+                          "reward": 0.5})
+    two, three = tmp_path / "two.png", tmp_path / "three.png"
+    learning_figure(steps, accuracy_curve(answers), two)
+    learning_figure(steps, accuracy_curve(answers), three, difference_table(answers))
+    assert imread(three).shape[0] > 1.3 * imread(two).shape[0]

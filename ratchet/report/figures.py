@@ -229,14 +229,20 @@ def training_figure(train: dict[str, pd.DataFrame | None], path: Path) -> Path:
     return _save(fig, path)
 
 
-def learning_figure(steps: pd.DataFrame, curves: pd.DataFrame, path: Path) -> Path:
+def learning_figure(steps: pd.DataFrame, curves: pd.DataFrame, path: Path,
+                    diffs: pd.DataFrame | None = None) -> Path:
     """ablate_learning, one column per engine dtype: the reward per step (running mean over a
     tenth of the steps, at least 5) and the greedy accuracy at each eval step with its binomial
-    standard error, one line per remedy (slightly offset in x so that the bars stay apart)."""
+    standard error, one line per remedy (slightly offset in x so that the bars stay apart);
+    with `diffs` (difference_table), a third row: each pair's paired difference after training
+    with its 95% interval, filled where Holm establishes it, hollow where it does not."""
     dtypes = list(dict.fromkeys(curves["dtype"]))
     if not dtypes:
         return placeholder(path, "ablate_learning: no runs")
-    fig, axes = plt.subplots(2, len(dtypes), figsize=(6 * len(dtypes), 7.5), squeeze=False)
+    rows = 3 if diffs is not None and len(diffs) else 2
+    heights = [1, 1, 1.3][:rows]
+    fig, axes = plt.subplots(rows, len(dtypes), figsize=(6 * len(dtypes), 3.75 * sum(heights)), squeeze=False,
+                             gridspec_kw={"height_ratios": heights})
     window = max(5, int(steps["step"].max() + 1) // 10) if len(steps) else 5
     for col, dtype in enumerate(dtypes):
         ax1, ax2 = axes[0, col], axes[1, col]
@@ -261,5 +267,24 @@ def learning_figure(steps: pd.DataFrame, curves: pd.DataFrame, path: Path) -> Pa
             _steps_axis(ax)
             ax.grid(True, alpha=0.3)
             _legend_below(ax, 5)
+        if rows == 3:
+            _difference_panel(axes[2, col], diffs[diffs["dtype"] == dtype], dtype)
     fig.subplots_adjust(hspace=0.45)
     return _save(fig, path)
+
+
+def _difference_panel(ax, diffs: pd.DataFrame, dtype: str) -> None:
+    """One dtype's paired differences b - a after training, in points, with 95% intervals."""
+    if not len(diffs):
+        ax.set_axis_off()
+        return
+    y = np.arange(len(diffs))[::-1]
+    for yi, d in zip(y, diffs.itertuples()):
+        colour = RUN_STYLE.get(d.b)
+        ax.errorbar(100 * d.diff, yi, xerr=[[100 * (d.diff - d.ci_low)], [100 * (d.ci_high - d.diff)]],
+                    fmt="o", color=colour, mfc=colour if d.established else "white", ms=6, capsize=3)
+    ax.axvline(0, color="black", lw=1)
+    ax.set_yticks(y, [f"{d.b} - {d.a}" for d in diffs.itertuples()])
+    ax.set_xlabel("accuracy difference after training (points, 95% interval)")
+    ax.set_title(f"{dtype}: paired differences (filled: established after Holm)")
+    ax.grid(True, axis="x", alpha=0.3)

@@ -123,6 +123,6 @@ def write_comparison(paths: RunPaths, learning, steps: pd.DataFrame, answers: pd
     write_parquet(paths.learning_table, runs)
     write_parquet(paths.learning_diffs, diffs)
     write_parquet(paths.learning_curves, curves)
-    learning_figure(steps, curves, paths.learning_figure)
+    learning_figure(steps, curves, paths.learning_figure, diffs)
     write_json(paths.learning_summary, summary)
     return summary
