@@ -95,3 +95,33 @@ def test_without_vllm_or_without_the_converted_model_one_clear_error(monkeypatch
     fake_vllm.install(monkeypatch)
     with pytest.raises(InputError, match="convert_weights"):
         vs_vllm.run("config/config.yaml", [f"results_dir={tmp_path}"])
+
+
+def test_a_shape_run_decodes_both_engines_on_one_set_of_random_weights(monkeypatch):
+    from ratchet.model.dtypes import round_to
+
+    fake_vllm.FakeLLM.instances.clear()
+    fake_vllm.install(monkeypatch)
+    cfg = tiny_config(False, eos_token_ids=[])
+    res = vs_vllm.run_shape("tiny", batches=(2, 3), prompt_len=4, new_tokens=5, cfg=cfg, backend="numpy")
+    assert res["shape"] == "tiny" and res["params"] > 0 and res["engine_dtype"] == "fp16"
+    assert set(res["headline"]) == {f"{k}_b{b}_ms" for k in ("ratchet_decode", "vllm_decode") for b in (2, 3)} | {
+        f"decode_b{b}_speedup_vs_vllm" for b in (2, 3)}
+    llm = fake_vllm.FakeLLM.instances[-1]
+    assert llm.kwargs["max_num_seqs"] == 3 and llm.kwargs["gpu_memory_utilization"] == 0.3
+    assert len(llm.llm_engine.added) == 2 * (2 + 3)  # each batch seeded and unseeded
+    a, b = vs_vllm.shape_model(cfg, "bf16", seed=1), vs_vllm.shape_model(cfg, "bf16", seed=1)
+    for name, w in a.weights.items():  # seeded, on the engine dtype's grid
+        np.testing.assert_array_equal(w, b.weights[name])
+        np.testing.assert_array_equal(round_to(w, "bf16"), w)
+    norm = next(w for n, w in a.weights.items() if "norm" in n)
+    assert abs(float(norm.mean()) - 1.0) < 0.05
+
+
+def test_the_shape_option_refuses_an_unknown_shape_by_name(monkeypatch, capsys):
+    import sys
+
+    monkeypatch.setattr(sys, "argv", ["vs_vllm", "--shape", "qwen9"])
+    with pytest.raises(SystemExit):
+        vs_vllm.main()
+    assert "--shape 'qwen9'" in capsys.readouterr().err

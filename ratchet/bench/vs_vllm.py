@@ -6,6 +6,11 @@ of identical answers), the weight update, and batch sensitivity (the same tokens
 and in batches of 64 and 512).
 
     python -m ratchet.bench.vs_vllm --config config/local.yaml --out vllm.json
+    python -m ratchet.bench.vs_vllm --shape qwen2.5-7b --batches 64,256 --out vllm-7b.json
+
+With --shape (a shape of ratchet.bench's: Coder-1.5B's, 7B's), decode only, on seeded random
+weights at that shape: no model files, and both engines hold the same values (vLLM loads
+their Hugging Face export, as it loads a real model's).
 
 vLLM runs in-process (set VLLM_ENABLE_V1_MULTIPROCESSING=0, see dev/gpu/vllm.sh); one vLLM
 instance serves every section (its start-up, compilation and graph capture, is timed apart)."""
@@ -186,6 +191,60 @@ def bench_sensitivity(model, vllm_engine, inputs, max_seq_len: int, n: int = 512
     return out
 
 
+def shape_model(cfg, dtype: str = "fp16", seed: int = 0):
+    """An EngineModel of seeded random weights at `cfg`'s shapes, on `dtype`'s grid: the
+    bench's init (norms ~1, biases and weights small: logits spread over a few nats), drawn
+    on the host (NumPy) so that a CPU test builds it too."""
+    from ratchet.model.dtypes import round_to
+    from ratchet.model.io import EngineModel
+    from ratchet.model.layout import expected_shapes
+
+    rng = np.random.default_rng(seed)
+    weights = {}
+    for name, shape in expected_shapes(cfg).items():
+        scale = 0.05 if "norm" in name or name.endswith("bias") else 0.1 if name == "embed.weight" else 0.02
+        w = rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)
+        weights[name] = round_to(w + np.float32(1.0) if "norm" in name else w, dtype)
+    return EngineModel(cfg, weights, dtype)
+
+
+def run_shape(shape: str, batches=(64, 512), dtype: str = "fp16", prompt_len: int = 128,
+              new_tokens: int = 256, cfg=None, backend: str = "cuda", vllm_share: float = 0.3) -> dict:
+    """Decode at B in `batches` on both engines at one of the bench's shapes (`cfg` in its
+    place: a test's tiny one). `vllm_share`: vLLM's gpu_memory_utilization (the engine
+    beside it needs the weights once more and its own cache)."""
+    from ratchet.bench.workload import SHAPES
+    from ratchet.engines import make_engine
+    from ratchet.vllm.engine import import_vllm
+
+    vllm = import_vllm()  # one clear error where it is missing
+    cfg = cfg or SHAPES[shape]()
+    t = time.perf_counter()
+    model = shape_model(cfg, dtype)
+    res = {"vllm": vllm.__version__, "shape": shape, "engine_dtype": dtype, "weights_s": time.perf_counter() - t,
+           "params": int(sum(w.size for w in model.weights.values()))}
+    try:
+        import torch
+
+        res["device"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    except ImportError:
+        res["device"] = "cpu"
+    t = time.perf_counter()
+    vllm_engine = make_engine(model, backend="vllm", max_batch_size=max(batches),
+                              max_seq_len=prompt_len + new_tokens, eos_ids=[],
+                              vllm_options={"gpu_memory_utilization": vllm_share})
+    res["vllm_start_s"] = time.perf_counter() - t
+    res["decode"] = bench_decode(model, vllm_engine.llm, batches=batches, prompt_len=prompt_len,
+                                 new_tokens=new_tokens, backend=backend)
+    res["headline"] = {}
+    for b in batches:
+        row = res["decode"][f"b{b}"]
+        res["headline"].update({f"ratchet_decode_b{b}_ms": row["ratchet"]["step_ms_median"],
+                                f"vllm_decode_b{b}_ms": row["vllm_seeded"]["step_ms_median"],
+                                f"decode_b{b}_speedup_vs_vllm": row["speedup_vs_vllm_seeded"]})
+    return res
+
+
 def run(config: str, overrides: list[str], sections=SECTIONS) -> dict:
     import torch
 
@@ -260,9 +319,19 @@ def main() -> None:
     ap.add_argument("--config", default="config/local.yaml")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--sections", default=",".join(SECTIONS))
+    ap.add_argument("--shape", default=None, help="decode only, random weights at this shape "
+                    "(qwen2.5-0.5b, qwen2.5-coder-1.5b, qwen2.5-7b); no config or model files")
+    ap.add_argument("--batches", default="64,512", help="with --shape: the decode batch sizes")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    res = run(args.config, args.overrides, args.sections.split(","))
+    if args.shape:
+        from ratchet.bench.workload import SHAPES
+
+        if args.shape not in SHAPES:
+            ap.error(f"--shape {args.shape!r}: one of {', '.join(SHAPES)}")
+        res = run_shape(args.shape, tuple(int(b) for b in args.batches.split(",")))
+    else:
+        res = run(args.config, args.overrides, args.sections.split(","))
     text = json.dumps(res, indent=2, default=float)
     if args.out:
         from ratchet.atomic import write_text
