@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -16,6 +15,7 @@ from ratchet.errors import MissingInputError
 from ratchet.paths import RunPaths
 from ratchet.progress import Progress
 from ratchet.stages.ablate import FIX_METRICS
+from ratchet.stages.registry import writes
 
 
 def learning_setup(cfg: dict):
@@ -88,13 +88,8 @@ def ablate_learning(cfg: dict, run) -> None:
     summary = write_comparison(paths, LearningSettings.from_config(cfg), steps, answers)
     run.log_metrics({f"ablate/{k}": v for k, v in summary.items()
                      if isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)})
-    for path in comparison_outputs(paths):
+    for path in writes("ablate_learning", paths):
         run.log_output(path)
-
-
-def comparison_outputs(paths: RunPaths) -> tuple[Path, ...]:
-    return (paths.learning_table, paths.learning_diffs, paths.learning_curves, paths.learning_figure,
-            paths.learning_summary)
 
 
 def write_comparison(paths: RunPaths, learning, steps: pd.DataFrame, answers: pd.DataFrame) -> dict:
