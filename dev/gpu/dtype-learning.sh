@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # GPU calls: does the trainer's arithmetic change learning? One split training of the local
 # profile per train.compute_dtype (DTYPES, default fp32 bf16 fp16; micro-batches of 8 for fp32,
-# MB for the others, default 64), 100 steps from the same seed, each scored on all 1,319 test
-# problems; detached and polled, then gathered by dev/dtype_learning.py:
+# MB for the others, default 64, cut at TOKENS padded tokens a pass where set), 100 steps from
+# the same seed, each scored on all 1,319 test problems; detached and polled, then gathered by
+# dev/dtype_learning.py:
 #   bash dev/gpu/dtype-learning.sh start
 #   bash dev/gpu/dtype-learning.sh wait      # poll up to WAIT_S s (default 540)
 #   bash dev/gpu/dtype-learning.sh collect   # -> $OUT/dtype-learning/ (record, per-run folders)
@@ -16,7 +17,7 @@ run=${RUN:-local}  # results/<RUN>: its own folder lets it run beside another jo
 case "${1:?start, wait or collect}" in
 start)
   inputs_in_place || exit 1
-  export RATCHET_TRACKING=${RATCHET_TRACKING:-off} DTYPES=${DTYPES:-fp32 bf16 fp16} MB=${MB:-64}
+  export RATCHET_TRACKING=${RATCHET_TRACKING:-off} DTYPES=${DTYPES:-fp32 bf16 fp16} MB=${MB:-64} TOKENS=${TOKENS:-}
   start_detached "$state" dev/gpu/dtype-learning.sh
   sleep 15 && tail -3 "$state/run.log"
   ;;
@@ -28,6 +29,7 @@ run)
   for dtype in $DTYPES; do
     mb=$MB && [ "$dtype" = fp32 ] && mb=8
     set_args=(--config config/local.yaml --force run_name="$run" train.compute_dtype="$dtype" train.micro_batch_size="$mb")
+    [ -n "${TOKENS:-}" ] && [ "$dtype" != fp32 ] && set_args+=(train.micro_batch_tokens="$TOKENS")
     python3 -m ratchet train_split "${set_args[@]}" > "$state/train-$dtype.log" 2>&1 &&
       python3 -m ratchet eval_after_split "${set_args[@]}" > "$state/eval-$dtype.log" 2>&1 || {
         echo "$dtype failed"; tail -20 "$state/train-$dtype.log"; continue; }
@@ -50,7 +52,7 @@ collect)
   runs=() && for d in fp32 bf16 fp16; do [ -d "$state/$d" ] && cp -r "$state/$d" "$out/" && runs+=(--run "$d=$state/$d"); done
   cp "$state"/*.log "$out/" 2>/dev/null
   python3 -m dev.dtype_learning "${runs[@]}" --commit "$(cat .cache/commit 2>/dev/null)" \
-    --command "bash dev/gpu/dtype-learning.sh start (DTYPES='${DTYPES:-fp32 bf16 fp16}' MB=${MB:-64} RUN=$run)" \
+    --command "bash dev/gpu/dtype-learning.sh start (DTYPES='${DTYPES:-fp32 bf16 fp16}' MB=${MB:-64} TOKENS=${TOKENS:-} RUN=$run)" \
     --out "$out/h200-dtype-learning.json"
   ;;
 esac

@@ -16,9 +16,11 @@ set -uo pipefail
 source dev/gpu/env.sh
 source dev/gpu/detached.sh
 # PROFILE=local-1.5b for config/local-1.5b.yaml (results/local-1.5b, record h200-local-1.5b)
+# PIPELINE_SET: snakemake's `set=` overrides, e.g. a trainer setting tried before the profile takes it
 profile=${PROFILE:-local}
 state=/root/pipeline-$profile
-command="snakemake --cores all --configfile config/$profile.yaml"
+args=(--cores all --configfile "config/$profile.yaml" ${PIPELINE_SET:+--config "set=$PIPELINE_SET"})
+command="snakemake --cores all --configfile config/$profile.yaml${PIPELINE_SET:+ --config 'set=$PIPELINE_SET'}"
 
 case "${1:?start, wait or collect}" in
 start)
@@ -37,7 +39,7 @@ run)
   mkdir -p "$state"
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 1000 > "$state/gpu_mem_mib.txt" &
   sampler=$!
-  run_timed "$state" $command
+  run_timed "$state" python3 -m snakemake "${args[@]}"
   kill "$sampler"
   ;;
 wait)
