@@ -1,8 +1,10 @@
 """Checks at the start of a pipeline or a hand-run stage, before any work: a profile made for a
-GPU must not quietly run for hours (and be killed for memory) on the NumPy engine."""
+GPU must not quietly run for hours (and be killed for memory) on the NumPy engine, and a
+training must not fill the disk with checkpoints halfway through."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from ratchet.device import check_vllm
@@ -67,3 +69,52 @@ def check_device(cfg: dict, backend: str) -> None:
     raise InputError(f"config: {cfg['run_name']} has {size} and no CUDA GPU is usable here, so "
                      "engine.backend 'auto' would run it on the NumPy reference engine for hours; "
                      "run it on a GPU machine, or insist with engine.backend=numpy")
+
+
+# A checkpoint holds the fp32 masters and AdamW's two fp32 moments (12 bytes a parameter); the
+# split mode's also the engine's copy of the weights, in the engine dtype.
+TRAINER_BYTES_PER_PARAM = 12
+ENGINE_BYTES_PER_PARAM = {"fp32": 4, "fp16": 2, "bf16": 2}
+
+
+def checkpoint_plan(cfg: dict, mode: str, n_params: int) -> tuple[int, int]:
+    """(bytes of one checkpoint, how many exist at once at the peak) for one training:
+    save_checkpoint writes the new one before it removes the oldest, so keep + 1, and no more
+    than the training saves (every checkpoint_every steps, and after the last in colocated)."""
+    t = cfg["train"]
+    per = n_params * (TRAINER_BYTES_PER_PARAM + (ENGINE_BYTES_PER_PARAM[cfg["engine"]["dtype"]]
+                                                 if mode == "split" else 0))
+    saves = t["steps"] // t["checkpoint_every"] + (mode == "colocated" and t["steps"] % t["checkpoint_every"] > 0)
+    return per, min(t["keep_checkpoints"] + 1, max(1, saves))
+
+
+def check_checkpoint_disk(cfg: dict, mode: str, checkpoint_dir: str | Path, free_bytes: int | None = None) -> None:
+    """Refuse to start a training whose checkpoints the disk under `checkpoint_dir` cannot hold
+    (the ones already there count as held), naming the settings that change it. The model's
+    size is read from its source before download; unknown (a hub model not yet fetched): no
+    check. Each training checks alone: two side by side need the sum."""
+    if cfg["train"]["keep_checkpoints"] == 0:
+        return
+    n = estimated_parameters(cfg["model"])
+    if not n:
+        return
+    per, held = checkpoint_plan(cfg, mode, n)
+    from ratchet.rl.checkpoint import list_checkpoints
+
+    root = Path(checkpoint_dir)
+    need = per * max(0, held - len(list_checkpoints(root)))
+    if free_bytes is None:
+        probe = root
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        free_bytes = shutil.disk_usage(probe).free
+    if need > free_bytes:
+        raise InputError(
+            f"train_{mode}: its checkpoints need {_gb(need)} ({held} at once of {_gb(per)}: "
+            f"{n / 1e9:.2f}B parameters x {per // n} bytes) under {root}, where {_gb(free_bytes)} are "
+            f"free; set train.keep_checkpoints lower (0: none, a killed run starts over) or "
+            f"train.checkpoint_every higher, or free space there")
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.1f} GB"

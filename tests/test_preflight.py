@@ -58,3 +58,55 @@ def test_stages_without_an_engine_run_a_gpu_profile_on_a_cpu(tmp_path, monkeypat
     cli._preflight("report", cfg)
     with pytest.raises(InputError, match="no CUDA GPU"):
         cli._preflight("ablate_learning_run", cfg)
+
+
+def _trained(cfg, **train):
+    cfg["train"].update(train)
+    return cfg
+
+
+def test_checkpoints_the_disk_cannot_hold_are_refused_before_training(tmp_path):
+    """1.78B parameters (Coder-1.5B, untied), 100 steps, a checkpoint every 50, the newest 2 kept:
+    colocated holds 2 at the peak (it saves twice), 21.4 GB each; on a 30 GB disk it is refused,
+    naming the settings; kept to 0, nothing is written and nothing is checked."""
+    cfg = _trained(_local(_gguf(tmp_path / "m.gguf", 1_777_088_000)), steps=100, checkpoint_every=50,
+                   keep_checkpoints=2)
+    per, held = preflight.checkpoint_plan(cfg, "colocated", 1_777_088_000)
+    assert (per, held) == (1_777_088_000 * 12, 2)
+    assert preflight.checkpoint_plan(cfg, "split", 1_777_088_000) == (1_777_088_000 * 14, 2)  # + the fp16 engine copy
+    with pytest.raises(InputError, match=r"train_colocated: its checkpoints need 42\.7 GB .*30\.0 GB are free"
+                                         r".*train\.keep_checkpoints.*train\.checkpoint_every"):
+        preflight.check_checkpoint_disk(cfg, "colocated", tmp_path / "ckpt", free_bytes=30_000_000_000)
+    preflight.check_checkpoint_disk(cfg, "colocated", tmp_path / "ckpt", free_bytes=50_000_000_000)
+    preflight.check_checkpoint_disk(_trained(cfg, keep_checkpoints=0), "colocated", tmp_path / "ckpt", free_bytes=0)
+
+
+def test_checkpoints_already_written_count_as_held(tmp_path):
+    from ratchet.rl.checkpoint import STATE_FILE
+
+    cfg = _trained(_local(_gguf(tmp_path / "m.gguf", 1_000_000)), steps=100, checkpoint_every=10, keep_checkpoints=2)
+    assert preflight.checkpoint_plan(cfg, "colocated", 1_000_000)[1] == 3  # keep + 1 while the newest is written
+    root = tmp_path / "ckpt"
+    for step in (10, 20):
+        (root / f"step-{step}").mkdir(parents=True)
+        (root / f"step-{step}" / STATE_FILE).write_text("{}")
+    preflight.check_checkpoint_disk(cfg, "colocated", root, free_bytes=12_000_000)  # one more: 12 MB
+    with pytest.raises(InputError):
+        preflight.check_checkpoint_disk(cfg, "colocated", tmp_path / "fresh", free_bytes=12_000_000)
+
+
+@pytest.mark.parametrize("mode", ["colocated", "split"])
+def test_a_training_kept_to_no_checkpoints_writes_none_and_one_that_keeps_them_does(tmp_path, monkeypatch, mode):
+    from ratchet.paths import RunPaths
+    from ratchet.rl.checkpoint import list_checkpoints
+    from ratchet.stages import run_stage
+
+    monkeypatch.setenv("RATCHET_TRACKING", "off")
+    for keep, expected in ((0, 0), (1, 1)):
+        cfg = validate({"results_dir": str(tmp_path / f"keep{keep}"),
+                        "train": {"steps": 4, "checkpoint_every": 2, "eval_every": 0, "keep_checkpoints": keep}})
+        for stage in ("download_model", "download_data", "convert_weights", "build_engine", f"train_{mode}"):
+            run_stage(stage, cfg)
+        paths = RunPaths.from_config(cfg)
+        assert paths.train_summary(mode).is_file()
+        assert len(list_checkpoints(paths.train_dir(mode) / "checkpoints")) == expected

@@ -42,7 +42,7 @@ def make_job(cfg: dict, mode: str, out_dir: Path | None = None, **overrides):
               max_batch_size=e["max_batch_size"], max_seq_len=e["max_seq_len"],
               eval_max_new_tokens=cfg["eval"]["max_new_tokens"],
               device="cuda" if torch.cuda.is_available() else "cpu", digest=digest,
-              vllm_options=dict(e["vllm"]))
+              vllm_options=dict(e["vllm"]), checkpoints=grpo.keep_checkpoints > 0)
     return dataclasses.replace(job, **{k: v for k, v in overrides.items() if k not in grpo_fields})
 
 
@@ -62,6 +62,10 @@ def _train(cfg: dict, run, mode: str) -> None:
     g = job.grpo
     print(f"[train_{mode}] {g.steps} steps x {g.problems_per_step} problems x {g.group_size} answers, "
           f"lr {g.lr}, {job.backend} engine in {g.engine_dtype}, -> {job.out_dir}")
+    if job.checkpoints:
+        from ratchet.preflight import check_checkpoint_disk
+
+        check_checkpoint_disk(cfg, mode, job.checkpoint_dir)
     progress = Progress(f"train_{mode}", g.steps)
 
     def log(metrics: dict, step: int) -> None:
