@@ -37,13 +37,14 @@ def test_profiles_validate(profile):
 
 
 def test_the_15b_profile_is_the_local_study_on_the_larger_model():
-    """local-1.5b.yaml differs from local.yaml only in its run name, model file and checkpoints
-    (none: the two trainings' would not fit the lent machine's disk)."""
+    """local-1.5b.yaml differs from local.yaml only in its run name, model file, checkpoints
+    (none: the two trainings' would not fit the lent machine's disk) and GPU rules at once (one)."""
     small, big = (cfgmod.load(ROOT / "config" / p) for p in ("local.yaml", "local-1.5b.yaml"))
     assert big["model"]["path"].endswith("qwen2.5-coder-1.5b-instruct.gguf")
     assert (small["train"]["keep_checkpoints"], big["train"]["keep_checkpoints"]) == (2, 0)
+    assert (small["gpu_job_slots"], big["gpu_job_slots"]) == (1, 2)  # one GPU rule at a time at 1.5B
     for cfg in (small, big):
-        cfg.pop("run_name"), cfg["model"].pop("path"), cfg["train"].pop("keep_checkpoints")
+        cfg.pop("run_name"), cfg.pop("gpu_job_slots"), cfg["model"].pop("path"), cfg["train"].pop("keep_checkpoints")
     assert small == big
 
 

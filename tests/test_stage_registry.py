@@ -48,3 +48,24 @@ def test_rules_and_registry_name_the_same_paths(tmp_path):
             assert any(path == out or path.startswith(out + "/") for out in declared["output"]), (name, path)
         for out in declared["output"]:  # and no output is missing from the registry
             assert any(w == out or w.startswith(out + "/") for w in writes), (name, out)
+
+
+def test_every_gpu_rule_takes_the_profiles_gpu_job_slots(tmp_path):
+    """gpu_job_slots: 2 makes every GPU rule take both of the default limit's gpu_jobs, so a
+    model whose trainings do not fit twice on the GPU runs them one at a time."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RATCHET_", "MLFLOW_"))}
+    taken = {}
+    for slots in (1, 2):
+        proc = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"),
+                               "--directory", str(tmp_path), "-n", "--cores", "1", "--config",
+                               f"set=gpu_job_slots={slots}", "--", "all"],
+                              capture_output=True, text=True, env={**env, "RATCHET_TRACKING": "off"}, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        rule = None
+        for line in proc.stdout.splitlines():
+            if m := re.match(r"^(?:local)?rule (\w+):", line):
+                rule = m.group(1)
+            elif rule and (m := re.search(r"gpu_jobs=(\d+)", line)):
+                taken.setdefault(slots, {})[rule] = int(m.group(1))
+    assert {"train_colocated", "train_split", "ablate_decompose", "eval_baseline"} <= set(taken[1])
+    assert set(taken[1].values()) == {1} and set(taken[2].values()) == {2} and set(taken[1]) == set(taken[2])

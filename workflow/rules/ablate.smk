@@ -24,7 +24,7 @@ rule ablate_decompose:
         settings=stage_settings("ablate_decompose"),
     priority: 8
     resources:
-        gpu_jobs=1,
+        gpu_jobs=GPU_JOB_SLOTS,
     conda:
         "../envs/ratchet.yaml"
     log:
@@ -53,7 +53,7 @@ rule ablate_fix:
         settings=stage_settings("ablate_fix"),
     priority: 7
     resources:
-        gpu_jobs=1,
+        gpu_jobs=GPU_JOB_SLOTS,
     conda:
         "../envs/ratchet.yaml"
     log:
@@ -77,7 +77,7 @@ rule ablate_decompose_vllm:
     params:
         settings=stage_settings("ablate_decompose_vllm"),
     resources:
-        gpu_jobs=1,
+        gpu_jobs=GPU_JOB_SLOTS,
     conda:
         "../envs/ratchet.yaml"
     log:
@@ -105,7 +105,7 @@ rule ablate_gradient:
         settings=stage_settings("ablate_gradient"),
     priority: 6
     resources:
-        gpu_jobs=1,
+        gpu_jobs=GPU_JOB_SLOTS,
     conda:
         "../envs/ratchet.yaml"
     log:

@@ -31,6 +31,7 @@ except (ValueError, RuntimeError) as e:  # ConfigError, InputError, resolve_back
 validate(config, str(ratchet.config.SCHEMA_PATH))
 
 P = RunPaths.from_config(config)
+GPU_JOB_SLOTS = config["gpu_job_slots"]  # of --resources gpu_jobs (profiles/default: 2) a GPU rule takes
 
 # The stages read the whole validated config from the environment the jobs inherit, and all
 # jobs of this invocation share one MLflow parent run. Each rule names the config sections it

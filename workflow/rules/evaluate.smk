@@ -9,7 +9,7 @@ rule eval_baseline:
         settings=stage_settings("eval_baseline"),
     priority: 5
     resources:
-        gpu_jobs=1,
+        gpu_jobs=GPU_JOB_SLOTS,
     conda:
         "../envs/ratchet.yaml"
     log:
@@ -28,7 +28,7 @@ rule bench:
     params:
         settings=stage_settings("bench"),
     resources:
-        gpu_jobs=1,
+        gpu_jobs=GPU_JOB_SLOTS,
     conda:
         "../envs/ratchet.yaml"
     log:

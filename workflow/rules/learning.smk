@@ -22,7 +22,7 @@ rule ablate_learning_run:
         settings=learning_run_settings(),
     priority: 6
     resources:
-        gpu_jobs=1,
+        gpu_jobs=GPU_JOB_SLOTS,
     conda:
         "../envs/ratchet.yaml"
     log:

@@ -66,7 +66,7 @@ rule build_engine:
     params:
         settings=stage_settings("build_engine"),
     resources:
-        gpu_jobs=1,
+        gpu_jobs=GPU_JOB_SLOTS,
     conda:
         "../envs/ratchet.yaml"
     log:

@@ -21,7 +21,7 @@ rule train_colocated:
         settings=stage_settings("train_colocated"),
     priority: 10
     resources:
-        gpu_jobs=1,
+        gpu_jobs=GPU_JOB_SLOTS,
     conda:
         "../envs/ratchet.yaml"
     log:
@@ -46,7 +46,7 @@ rule train_split:
         settings=stage_settings("train_split"),
     priority: 10
     resources:
-        gpu_jobs=1,
+        gpu_jobs=GPU_JOB_SLOTS,
     conda:
         "../envs/ratchet.yaml"
     log:
@@ -68,7 +68,7 @@ rule eval_after_colocated:
         settings=stage_settings("eval_after_colocated"),
     priority: 5
     resources:
-        gpu_jobs=1,
+        gpu_jobs=GPU_JOB_SLOTS,
     conda:
         "../envs/ratchet.yaml"
     log:
@@ -88,7 +88,7 @@ rule eval_after_split:
         settings=stage_settings("eval_after_split"),
     priority: 5
     resources:
-        gpu_jobs=1,
+        gpu_jobs=GPU_JOB_SLOTS,
     conda:
         "../envs/ratchet.yaml"
     log:
@@ -107,7 +107,7 @@ rule verify:
         settings=stage_settings("verify"),
     priority: 6
     resources:
-        gpu_jobs=1,
+        gpu_jobs=GPU_JOB_SLOTS,
     conda:
         "../envs/ratchet.yaml"
     log:
