@@ -179,7 +179,9 @@ def build_summary(inputs: ReportInputs) -> str:
                 "test problems at step 0 and after training. The gain and the differences are paired "
                 "problem by problem (± the standard error of the per-problem difference). "
                 "`established`: not 0 after Holm's correction over the table's rows at 5% (the "
-                "interval shown is the uncorrected 95% one).", "",
+                "interval shown is the uncorrected 95% one). The errors count test problems for the "
+                "weights each run reached: with one seed per run, the training's own randomness is "
+                "not in them.", "",
                 T.markdown(T.learning_table(inputs.learning_runs)), "",
                 T.markdown(T.learning_diff_table(inputs.learning_diffs)) if inputs.learning_diffs is not None
                 else "_learning differences: not run._", "",
