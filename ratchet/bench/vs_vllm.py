@@ -193,8 +193,8 @@ def bench_sensitivity(model, vllm_engine, inputs, max_seq_len: int, n: int = 512
 
 def shape_model(cfg, dtype: str = "fp16", seed: int = 0):
     """An EngineModel of seeded random weights at `cfg`'s shapes, on `dtype`'s grid: the
-    bench's init (norms ~1, biases and weights small: logits spread over a few nats), drawn
-    on the host (NumPy) so that a CPU test builds it too."""
+    bench's init (workload.init_of), drawn on the host (NumPy) so that a CPU test builds it too."""
+    from ratchet.bench.workload import init_of
     from ratchet.model.dtypes import round_to
     from ratchet.model.io import EngineModel
     from ratchet.model.layout import expected_shapes
@@ -202,9 +202,9 @@ def shape_model(cfg, dtype: str = "fp16", seed: int = 0):
     rng = np.random.default_rng(seed)
     weights = {}
     for name, shape in expected_shapes(cfg).items():
-        scale = 0.05 if "norm" in name or name.endswith("bias") else 0.1 if name == "embed.weight" else 0.02
-        w = rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)
-        weights[name] = round_to(w + np.float32(1.0) if "norm" in name else w, dtype)
+        mean, std = init_of(name)
+        w = rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
+        weights[name] = round_to(w + np.float32(mean) if mean else w, dtype)
     return EngineModel(cfg, weights, dtype)
 
 
@@ -223,12 +223,9 @@ def run_shape(shape: str, batches=(64, 512), dtype: str = "fp16", prompt_len: in
     model = shape_model(cfg, dtype)
     res = {"vllm": vllm.__version__, "shape": shape, "engine_dtype": dtype, "weights_s": time.perf_counter() - t,
            "params": int(sum(w.size for w in model.weights.values()))}
-    try:
-        import torch
+    import torch
 
-        res["device"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-    except ImportError:
-        res["device"] = "cpu"
+    res["device"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     t = time.perf_counter()
     vllm_engine = make_engine(model, backend="vllm", max_batch_size=max(batches),
                               max_seq_len=prompt_len + new_tokens, eos_ids=[],

@@ -30,6 +30,16 @@ def qwen7b_config() -> ModelConfig:
 SHAPES = {"qwen2.5-0.5b": qwen05_config, "qwen2.5-coder-1.5b": coder15_config, "qwen2.5-7b": qwen7b_config}
 
 
+def init_of(name: str) -> tuple[float, float]:
+    """(mean, std) of an engine tensor's seeded random init: norms near 1, biases and weights
+    small, the embedding wider, so that logits spread over a few nats."""
+    if "norm" in name:
+        return 1.0, 0.05
+    if name.endswith("bias"):
+        return 0.0, 0.05
+    return 0.0, 0.1 if name == "embed.weight" else 0.02
+
+
 def random_torch_weights(cfg: ModelConfig, seed: int = 0) -> dict:
     """fp32 torch CUDA tensors under the engine names, seeded on the GPU, laid out in one flat
     buffer as the trainer's CUDA masters are (`flat_offsets`)."""
@@ -40,13 +50,9 @@ def random_torch_weights(cfg: ModelConfig, seed: int = 0) -> dict:
     gen = torch.Generator(device="cuda").manual_seed(seed)
     out = flat_masters(cfg, "cuda")
     for name, shape in expected_shapes(cfg).items():
-        if "norm" in name:
-            t = 1.0 + 0.05 * torch.randn(shape, device="cuda", generator=gen)
-        elif name.endswith("bias"):
-            t = 0.05 * torch.randn(shape, device="cuda", generator=gen)
-        else:
-            t = (0.1 if name == "embed.weight" else 0.02) * torch.randn(shape, device="cuda", generator=gen)
-        out[name].copy_(t)
+        mean, std = init_of(name)
+        t = std * torch.randn(shape, device="cuda", generator=gen)
+        out[name].copy_(t + mean if mean else t)
     torch.cuda.synchronize()
     return out
 
