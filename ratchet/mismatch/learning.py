@@ -209,11 +209,14 @@ def record(runs: pd.DataFrame, diffs: pd.DataFrame, learning: LearningSettings,
         out[f"learning_accuracy_{r.dtype}_{r.remedy}"] = r.accuracy
         out[f"learning_gain_{r.dtype}_{r.remedy}"] = r.gain
         out[f"learning_gain_stderr_{r.dtype}_{r.remedy}"] = r.gain_stderr
-    name = lambda d: f"{d.dtype}: {d.b} - {d.a} = {100 * d.diff:+.2f} ± {100 * d.stderr:.2f} pts"  # noqa: E731
-    out["learning_established"] = [name(d) for d in diffs.itertuples() if d.established]
-    out["learning_not_established"] = [name(d) for d in diffs.itertuples() if not d.established]
+    out["learning_established"] = [_difference_text(d.dtype, d) for d in diffs.itertuples() if d.established]
+    out["learning_not_established"] = [_difference_text(d.dtype, d) for d in diffs.itertuples() if not d.established]
     if pooled is not None and len(pooled):
         out["learning_pooled_over_dtypes_exploratory"] = [
-            f"{d.dtypes}: {d.b} - {d.a} = {100 * d.diff:+.2f} ± {100 * d.stderr:.2f} pts (p {d.p:.3g}, uncorrected)"
-            for d in pooled.itertuples()]
+            f"{_difference_text(d.dtypes, d)} (p {d.p:.3g}, uncorrected)" for d in pooled.itertuples()]
     return out
+
+
+def _difference_text(label: str, d) -> str:
+    """One row of a difference table as the summary lists it: "fp16: fix - none = +2.35 ± 1.28 pts"."""
+    return f"{label}: {d.b} - {d.a} = {100 * d.diff:+.2f} ± {100 * d.stderr:.2f} pts"

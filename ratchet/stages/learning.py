@@ -105,12 +105,11 @@ def write_comparison(paths: RunPaths, learning, steps: pd.DataFrame, answers: pd
     from ratchet.report.figures import learning_figure
 
     runs, diffs, curves = run_table(steps, answers), difference_table(answers), accuracy_curve(answers)
+    pooled = pooled_difference_table(answers)
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         print("[ablate_learning] runs:\n" + runs.to_string(index=False), flush=True)
         print("[ablate_learning] differences after training:\n" + diffs.to_string(index=False), flush=True)
-    pooled = pooled_difference_table(answers)
-    if len(pooled):
-        with pd.option_context("display.width", 200, "display.max_columns", 30):
+        if len(pooled):
             print("[ablate_learning] pooled over the engine dtypes (exploratory, outside Holm):\n"
                   + pooled.to_string(index=False), flush=True)
     summary = record(runs, diffs, learning, pooled)
