@@ -74,7 +74,8 @@ __device__ __forceinline__ unsigned int pack2(unsigned short lo, unsigned short 
 template <int BF16_OUT, int LOADS>
 __global__ void __launch_bounds__(256)
 convert_tiles(const float* __restrict__ src, unsigned short* __restrict__ dst, long long n) {
-    const long long tile = (long long)blockIdx.x * (256LL * 4 * LOADS);
+    constexpr long long TILE = 256LL * 4 * LOADS;  // values a block converts
+    const long long tile = (long long)blockIdx.x * TILE;
     const bool aligned = (reinterpret_cast<size_t>(src) & 15) == 0 && (reinterpret_cast<size_t>(dst) & 7) == 0;
     if (aligned) {
         const long long nvec = n / 4, first = tile / 4;
@@ -97,9 +98,9 @@ convert_tiles(const float* __restrict__ src, unsigned short* __restrict__ dst, l
             }
         }
         const long long i = nvec * 4 + threadIdx.x;  // the last n % 4 values, by the last tile's block
-        if (i < n && tile <= nvec * 4 && nvec * 4 < tile + 256LL * 4 * LOADS) dst[i] = to_bits<BF16_OUT>(src[i]);
+        if (i < n && tile <= nvec * 4 && nvec * 4 < tile + TILE) dst[i] = to_bits<BF16_OUT>(src[i]);
     } else {
-        const long long end = min(tile + 256LL * 4 * LOADS, n);
+        const long long end = min(tile + TILE, n);
         for (long long i = tile + threadIdx.x; i < end; i += 256) dst[i] = to_bits<BF16_OUT>(src[i]);
     }
 }
