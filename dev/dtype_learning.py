@@ -3,6 +3,8 @@
 after training; this gathers them: each run's final accuracy with its binomial standard
 error, its paired difference from the fp32 run on the same problems (with its standard
 error), the reward curve's first and last tenth, the step medians and the engine-trainer gap.
+A difference is "established" only after Holm's correction over the compute dtypes compared
+(two comparisons for three dtypes), as the learning ablation treats its remedies.
 
     python -m dev.dtype_learning --run fp32=DIR --run bf16=DIR --run fp16=DIR --out record.json
 
@@ -18,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ratchet.mismatch.paired import paired_difference
+from ratchet.mismatch.paired import holm, paired_difference
 
 REFERENCE = "fp32"
 
@@ -27,15 +29,17 @@ def one_run(folder: Path) -> tuple[dict, pd.DataFrame]:
     metrics = pd.read_parquet(folder / "metrics.parquet")
     summary = json.loads((folder / "after_split.json").read_text())
     answers = pd.read_parquet(folder / "after_split_answers.parquet")
-    steps = metrics[metrics["step"] >= 2] if len(metrics) > 2 else metrics  # the first two warm up
-    tenth = max(1, len(metrics) // 10)
-    row = {"steps": int(len(metrics)), "accuracy": summary["accuracy"], "accuracy_stderr": summary["accuracy_stderr"],
-           "n": summary["n"], "reward_first_tenth": float(metrics["train/reward"].head(tenth).mean()),
-           "reward_last_tenth": float(metrics["train/reward"].tail(tenth).mean())}
+    # the training's own rows: the last row holds only the final eval (no reward, no timings)
+    trained = metrics.dropna(subset=["train/reward"])
+    steps = trained[trained["step"] >= 2] if len(trained) > 2 else trained  # the first two warm up
+    tenth = max(1, len(trained) // 10)
+    row = {"steps": int(len(trained)), "accuracy": summary["accuracy"], "accuracy_stderr": summary["accuracy_stderr"],
+           "n": summary["n"], "reward_first_tenth": float(trained["train/reward"].head(tenth).mean()),
+           "reward_last_tenth": float(trained["train/reward"].tail(tenth).mean())}
     for key in ("time/step_s", "time/train_s", "time/generate_s", "mismatch/logprob_abs_diff_mean",
                 "mismatch/logprob_abs_diff_max"):
-        if key in steps:
-            row[f"median {key}"] = float(np.median(steps[key]))
+        if key in steps and steps[key].notna().any():
+            row[f"median {key}"] = float(np.nanmedian(steps[key]))
     return row, answers
 
 
@@ -54,9 +58,12 @@ def gather(runs: dict[str, Path]) -> dict:
         if name != REFERENCE:
             rows[name][f"paired_diff_vs_{REFERENCE}"] = paired_difference(ref["reward"].to_numpy(),
                                                                           frame["reward"].to_numpy())
+    others = [name for name in rows if name != REFERENCE]
+    p_holm, established = holm([rows[name][f"paired_diff_vs_{REFERENCE}"]["p"] for name in others])
+    for name, p, e in zip(others, p_holm, established):
+        rows[name][f"paired_diff_vs_{REFERENCE}"].update(p_holm=float(p), established=bool(e))
     return {"reference": REFERENCE, "runs": rows,
-            "within_noise": {name: abs(r[f"paired_diff_vs_{REFERENCE}"]["z"]) < 1.959963984540054
-                             for name, r in rows.items() if name != REFERENCE}}
+            "within_noise": {name: not bool(e) for name, e in zip(others, established)}}
 
 
 def main() -> None:
