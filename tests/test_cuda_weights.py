@@ -109,6 +109,52 @@ def test_flat_masters_sync_as_one_range_and_a_subset_as_several(dtype):
         np.testing.assert_array_equal(held(name), rounded(t) if i % 2 else before[name], err_msg=name)
 
 
+@pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32"])
+def test_the_policys_flat_buffer_syncs_in_one_launch_bit_for_bit_as_its_mapping(dtype):
+    """rl.sync.sync_weights hands the engine the policy's one flat buffer (FlatWeights): one
+    check and one launch into the engine's flat buffer. Bits equal the same masters passed as
+    a mapping of views, at every step; a buffer of another model or dtype is refused by name."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    import cupy as cp
+    import torch
+
+    from ratchet.engine.cuda.backend import CudaBackend
+    from ratchet.errors import InputError
+    from ratchet.model.flat_weights import FlatWeights
+    from ratchet.rl.sync import sync_weights
+    from ratchet.trainer.policy import Policy
+
+    cfg = small_config("a")
+    policy = Policy.from_weights(cfg, random_weights(cfg, seed=6), device="cuda")
+    flat_engine, mapped_engine = CudaBackend(cfg, dtype, 4, 64), CudaBackend(cfg, dtype, 4, 64)
+    for e in (flat_engine, mapped_engine):
+        e.load_weights(random_weights(cfg, 1, dtype))
+
+    holder = SimpleNamespace(weight_device=flat_engine.weight_device,  # what sync_weights asks of an engine
+                             update_weights=flat_engine.update_weights)
+
+    for step in range(3):
+        if step:
+            with torch.no_grad():
+                for t in policy.export_weights().values():
+                    t.mul_(1.0 + 1e-3 * step).add_(1e-4)
+        sync_weights(holder, policy)
+        mapped_engine.update_weights(dict(policy.export_weights()))
+        assert flat_engine.flat_sync is not None and flat_engine.weight_sync is None  # never the mapping path
+        view = cp.uint32 if dtype == "fp32" else cp.uint16
+        for name in expected_shapes(cfg):
+            assert bool(cp.all(flat_engine.weights[name].view(view) == mapped_engine.weights[name].view(view))), \
+                (step, name)
+    assert flat_engine.weight_checksums() == mapped_engine.weight_checksums()
+    other = dataclasses.replace(cfg, rms_norm_eps=cfg.rms_norm_eps * 2)
+    with pytest.raises(InputError, match="another model configuration"):
+        flat_engine.update_weights(FlatWeights(other, policy.flat_weights().flat))
+    with pytest.raises(ValueError, match="source dtype"):
+        flat_engine.update_weights(FlatWeights(cfg, policy.flat_weights().flat.double()))
+
+
 @pytest.mark.parametrize("kernel", ["search", "default", "table"])
 def test_a_repeated_sync_reuses_its_coalesced_plan_with_every_kernel(kernel):
     """Flat masters synced twice through one WeightSync (the second reuses the plan made from

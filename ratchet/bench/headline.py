@@ -6,8 +6,10 @@ from __future__ import annotations
 
 def headline(results: dict) -> dict:
     """The figures the issue tracks (medians), flat, from a full `bench()` result."""
-    def get(section, key):
+    def get(section, key, inner=None):
         value = results.get(section, {}).get(key)
+        if inner is not None:
+            value = value.get(inner) if isinstance(value, dict) else None
         return float(value) if isinstance(value, (int, float)) else None
 
     out = {
@@ -18,10 +20,14 @@ def headline(results: dict) -> dict:
         "decode_bandwidth_TBps_b64": get("decode", "bandwidth_TBps (replay, last ctx)"),
         "hf_ms_per_step_b64": get("hf", "step_ms"),
         "decode_tok_per_s_b512": get("throughput", "tokens_per_s (decode)"),
-        "sync_ms": None if get("sync", "inplace_s") is None else 1e3 * get("sync", "inplace_s"),
+        # the sync as training calls it (FlatWeights: one buffer), and from a mapping of views
+        "sync_ms": None if get("sync", "inplace_flat_s") is None else 1e3 * get("sync", "inplace_flat_s"),
+        "sync_mapping_ms": None if get("sync", "inplace_s") is None else 1e3 * get("sync", "inplace_s"),
         "save_reload_ms": None if get("sync", "reload_total_s") is None
         else 1e3 * get("sync", "reload_total_s"),
-        "sync_events_ms": get("sync", "inplace_events_ms (WeightSync.copy call, GPU clock)"),
+        "sync_events_ms": get("sync", "inplace_flat_events_ms (update_weights call, FlatWeights, GPU clock)"),
+        "sync_kernel_ms": get("sync", "kernels_alone_ms", "convert_tiles, 2 loads"),
+        "torch_copy_kernel_ms": get("sync", "kernels_alone_ms", "torch_flat_copy"),
         "sampler_ms": get("sampler", "ours_ms_in_graph"),  # GPU time a launch, as in the decode graph
         "sampler_ms_python_launch": get("sampler", "ours_ms"),
         "sampler_ms_back_to_back": get("sampler", "ours_ms_back_to_back"),

@@ -12,8 +12,69 @@ import numpy as np
 
 from ratchet.bench.workload import Events
 from ratchet.model import safetensors_io
+from ratchet.model.flat_weights import FlatWeights
 
 SYNC_WARMUP, SYNC_REPEATS = 5, 15
+
+
+def _wall_s(backend, weights) -> float:
+    """One `update_weights` call, host work and the wait for the GPU included: median after warm-up."""
+    import torch
+
+    times = []
+    for _ in range(SYNC_WARMUP + SYNC_REPEATS):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        backend.update_weights(weights)
+        times.append(time.perf_counter() - t)
+    return float(np.median(times[SYNC_WARMUP:]))
+
+
+def _back_to_back_ms(stream, launch, repeats: int = SYNC_REPEATS) -> float:
+    """The GPU time of one `launch()`, host work excluded: one launch to fill the queue, then
+    `repeats` back to back between two events, so the GPU never waits for the host (each
+    launch's host work is shorter than its kernel) and the events see kernels alone."""
+    import cupy as cp
+
+    with stream:
+        launch()
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        start.record(stream)
+        for _ in range(repeats):
+            launch()
+        end.record(stream)
+        end.synchronize()
+    return cp.cuda.get_elapsed_time(start, end) / repeats
+
+
+def kernels_alone_ms(backend, flat) -> dict[str, float]:
+    """The one-range kernels and torch's fp32 -> 16-bit copy, each as GPU time alone
+    (`_back_to_back_ms`): `kernels_events_ms` times each around a WeightSync.copy call of ~170
+    tensors, whose host work the GPU waits for, while torch's copy is one launch; this compares
+    the kernels on equal terms. Medians of 5 rounds, the variants in rotation within a round."""
+    import dataclasses
+
+    import cupy as cp
+    import torch
+
+    from ratchet.engine.cuda import sync
+
+    buffer = backend.flat_weights
+    variants = {"convert_f32": 0, "convert_tiles, 2 loads": 2, "convert_tiles, 4 loads": 4}
+    syncs = {name: sync.WeightSync({"flat": buffer}, backend.dtype,
+                                   kernel=dataclasses.replace(sync.DEFAULT_KERNEL, range_loads=loads))
+             for name, loads in variants.items()}
+    half = torch.empty(flat.numel(), device="cuda", dtype=torch.float16 if backend.dtype == "fp16" else torch.bfloat16)
+    torch_stream = cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+    launches = {**{name: (backend.stream, lambda ws=ws: ws.copy([("flat", flat)])) for name, ws in syncs.items()},
+                "torch_flat_copy": (torch_stream, lambda: half.copy_(flat))}
+    rounds = {name: [] for name in launches}
+    torch.cuda.synchronize()
+    for _ in range(5):
+        for name, (stream, launch) in launches.items():
+            rounds[name].append(_back_to_back_ms(stream, launch))
+    torch.cuda.synchronize()
+    return {name: float(np.median(ms)) for name, ms in rounds.items()}
 
 
 def _copy_events_ms(backend, weight_sync, items) -> float:
@@ -38,7 +99,8 @@ def compare_kernels(backend, items) -> dict[str, float]:
     from ratchet.engine.cuda import sync
 
     K = sync.SyncKernel
-    kernels = {"search": sync.SEARCH, "default (one range: convert_f32)": sync.DEFAULT_KERNEL,
+    kernels = {"search": sync.SEARCH, "default (one range: convert_tiles, 2 loads)": sync.DEFAULT_KERNEL,
+               "one range: convert_f32": dataclasses.replace(sync.DEFAULT_KERNEL, range_loads=0),
                "table-8192-per-chunk-plain": K("table", 8192, 4, stream=False, per_chunk=True),
                "table-8192": K("table", 8192, 4), "table-8192-plain": K("table", 8192, 4, stream=False),
                "table-8192-per-chunk": K("table", 8192, 4, per_chunk=True),
@@ -49,8 +111,7 @@ def compare_kernels(backend, items) -> dict[str, float]:
                "table-1024-per-chunk-plain": K("table", 1024, 8, stream=False, per_chunk=True),
                "default without one range (the table kernel over the flat range's chunks)":
                    dataclasses.replace(sync.DEFAULT_KERNEL, one_range=False),
-               **{f"one range: convert_tiles, {n} loads": dataclasses.replace(sync.DEFAULT_KERNEL, range_loads=n)
-                  for n in (2, 4)}}
+               "one range: convert_tiles, 4 loads": dataclasses.replace(sync.DEFAULT_KERNEL, range_loads=4)}
     out = {name: _copy_events_ms(backend, sync.WeightSync(backend.weights, backend.dtype, kernel=kernel), items)
            for name, kernel in kernels.items()}
     # the same sync from masters in separate allocations (the layout before flat_offsets): no
@@ -77,21 +138,26 @@ def compare_kernels(backend, items) -> dict[str, float]:
     return out
 
 
-def bench_sync(backend, weights_torch: dict) -> dict:
-    import torch
-
+def bench_sync(backend, weights_torch: FlatWeights) -> dict:
+    """The trainer's masters as the colocated sync passes them (FlatWeights: one buffer) and as
+    a mapping of ~170 views (how any other caller passes them), wall time of the call; then
+    each conversion kernel and torch's copy."""
     n_params = sum(int(t.numel()) for t in weights_torch.values())
     # warm-up first: after the HF section the GPU's clocks are still ramping (docs/KERNELS.md)
-    times = []
-    for _ in range(SYNC_WARMUP + SYNC_REPEATS):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        backend.update_weights(weights_torch)
-        times.append(time.perf_counter() - t)
-    inplace = float(np.median(times[SYNC_WARMUP:]))
-    out = {"params": n_params, "inplace_s": inplace,
+    inplace = _wall_s(backend, dict(weights_torch))
+    flat_s = _wall_s(backend, weights_torch)
+    out = {"params": n_params, "inplace_s": inplace, "inplace_flat_s": flat_s,
            "inplace_GBps (fp32 read + 16-bit write)": n_params * (4 + backend.storage.itemsize) / inplace / 1e9}
-    # the conversion kernel alone (one launch over every tensor), CUDA events on the engine's stream
+    flat_events = Events()
+    for i in range(SYNC_WARMUP + SYNC_REPEATS):
+        if i < SYNC_WARMUP:
+            backend.update_weights(weights_torch)
+            continue
+        with flat_events.time(backend.stream):
+            backend.update_weights(weights_torch)
+    out["inplace_flat_events_ms (update_weights call, FlatWeights, GPU clock)"] = float(np.median(flat_events.ms))
+    out["kernels_alone_ms"] = kernels_alone_ms(backend, weights_torch.flat)
+    # the conversion kernel (one launch over every tensor), CUDA events on the engine's stream
     items = list(weights_torch.items())
     kernel_ms = _copy_events_ms(backend, backend.weight_sync, items)
     out.update({"inplace_events_ms (WeightSync.copy call, GPU clock)": kernel_ms,
@@ -114,5 +180,5 @@ def bench_sync(backend, weights_torch: dict) -> dict:
         t_upload = time.perf_counter() - t
     out.update({"reload_d2h_s": t_d2h, "reload_save_s": t_save, "reload_load_s": t_load,
                 "reload_upload_s": t_upload, "reload_total_s": t_d2h + t_save + t_load + t_upload})
-    out["speedup"] = out["reload_total_s"] / inplace
+    out["speedup"] = out["reload_total_s"] / flat_s
     return out

@@ -13,7 +13,14 @@ import threading
 import torch
 
 from ratchet.rl.comm import recv_json, send_json
-from ratchet.rl.sync import WeightReceiver, WeightSender, flatten, for_engine, unflatten
+from ratchet.rl.sync import (
+    WeightReceiver,
+    WeightSender,
+    flatten,
+    for_engine,
+    masters,
+    unflatten,
+)
 
 TRAINER, ENGINE = 0, 1
 
@@ -105,7 +112,7 @@ class ThreadLink:
         return self._get(self.inbox)
 
     def send_weights(self, policy, weights: dict | None = None, async_op: bool = False):
-        weights = policy.export_weights() if weights is None else weights
+        weights = masters(policy) if weights is None else weights
         self.weights.put(flatten(weights).to(self.device))  # [P] fp32
         return _Done()
 

@@ -4,9 +4,12 @@ flat buffer (`WeightSender` -> `WeightReceiver`), over NCCL between two GPUs, el
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import torch
 
+from ratchet.model.flat_weights import FlatWeights, has_no_gaps
 from ratchet.model.layout import expected_shapes, num_parameters
 
 
@@ -15,28 +18,44 @@ def engine_weights(policy) -> dict[str, np.ndarray]:
     return {name: w.detach().cpu().numpy() for name, w in policy.export_weights().items()}
 
 
-def for_engine(engine, weights: dict[str, torch.Tensor]) -> dict:
+def for_engine(engine, weights: Mapping[str, torch.Tensor]) -> Mapping:
     """`weights` as `engine.update_weights` takes them without a host copy: tensors on its
-    GPU when it has one and they are on a GPU, else NumPy arrays."""
+    GPU when it has one and they are on a GPU (FlatWeights stay one buffer), else NumPy arrays."""
     device = engine.weight_device
-    if device != "cpu" and next(iter(weights.values())).is_cuda:
+    flat = weights.flat if isinstance(weights, FlatWeights) else None
+    if device != "cpu" and (flat if flat is not None else next(iter(weights.values()))).is_cuda:
+        if flat is not None:
+            return weights.on(device)
         return {k: v.to(device) for k, v in weights.items()}  # no copy when already there
     return {k: v.detach().cpu().numpy() for k, v in weights.items()}
 
 
+def masters(policy) -> Mapping[str, torch.Tensor]:
+    """The policy's fp32 masters for a sync: its one flat buffer where it has one (CUDA),
+    else `export_weights`' mapping."""
+    flat = policy.flat_weights() if hasattr(policy, "flat_weights") else None
+    return flat if flat is not None else policy.export_weights()
+
+
 def sync_weights(engine, policy) -> None:
     """The trainer's fp32 masters into the engine, rounded there to its dtype."""
-    engine.update_weights(for_engine(engine, policy.export_weights()))
+    engine.update_weights(for_engine(engine, masters(policy)))
 
 
-def flatten(weights: dict[str, torch.Tensor]) -> torch.Tensor:
+def flatten(weights: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """The weights as one new flat fp32 tensor [P], in the given (layout's) order: a copy, so
-    the next optimiser step may change the masters while it travels."""
+    the next optimiser step may change the masters while it travels. FlatWeights without gaps
+    are that layout already: one copy of their buffer."""
+    if isinstance(weights, FlatWeights) and has_no_gaps(weights.cfg):
+        return weights.flat.detach().float().clone()
     return torch.cat([w.float().reshape(-1) for w in weights.values()])
 
 
-def unflatten(flat: torch.Tensor, model_cfg) -> dict[str, torch.Tensor]:
-    """`flatten`'s inverse by the layout: views of `flat` under the engine names."""
+def unflatten(flat: torch.Tensor, model_cfg) -> Mapping[str, torch.Tensor]:
+    """`flatten`'s inverse by the layout: views of `flat` under the engine names (FlatWeights
+    where the layout has no gaps, so a CUDA engine takes it in one launch)."""
+    if has_no_gaps(model_cfg):
+        return FlatWeights(model_cfg, flat)
     out, offset = {}, 0
     for name, shape in expected_shapes(model_cfg).items():
         size = int(np.prod(shape))
@@ -58,7 +77,7 @@ class WeightSender:
 
     def send(self, src: int = 0, async_op: bool = False, weights: dict | None = None):
         """Send `weights` (default: the policy's masters, in the layout's order)."""
-        weights = self.policy.export_weights() if weights is None else weights
+        weights = masters(self.policy) if weights is None else weights
         flat = flatten(weights)  # [P] fp32
         if self.nccl and not flat.is_cuda:
             flat = flat.cuda()

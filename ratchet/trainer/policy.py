@@ -14,7 +14,8 @@ from torch.func import functional_call
 from torch.utils.checkpoint import checkpoint
 
 from ratchet.model.config import ModelConfig
-from ratchet.model.layout import check_weights, expected_shapes, flat_offsets, flat_views, rope_tables
+from ratchet.model.flat_weights import FlatWeights
+from ratchet.model.layout import check_weights, expected_shapes, flat_offsets, rope_tables
 from ratchet.trainer.precision import autocast, rounded_parameters
 
 
@@ -36,11 +37,11 @@ class RMSNorm(nn.Module):
         return self.weight * F.rms_norm(x.float(), self.weight.shape, eps=self.eps).to(x.dtype)
 
 
-def flat_masters(cfg: ModelConfig, device) -> dict[str, torch.Tensor]:
+def flat_masters(cfg: ModelConfig, device) -> FlatWeights:
     """Uninitialised fp32 tensors under the engine names, each a view of one flat buffer in
     `flat_offsets`' layout: how the trainer holds its CUDA masters."""
     _, length = flat_offsets(cfg)
-    return flat_views(cfg, torch.empty(length, dtype=torch.float32, device=device))
+    return FlatWeights(cfg, torch.empty(length, dtype=torch.float32, device=device))
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -140,6 +141,7 @@ class Policy(nn.Module):
         if not cfg.tie_word_embeddings:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._flat: tuple[FlatWeights, list] | None = None  # flatten_masters' buffer, each parameter's pointer
 
     # ------------------------------------------------------------------ weights
     @classmethod
@@ -158,8 +160,19 @@ class Policy(nn.Module):
         (`flat_offsets`), so the sync converts one contiguous range. On CUDA only: on the host
         nothing syncs through it, and safetensors refuses to save views of one storage."""
         params = dict(self.named_parameters())
-        for name, view in flat_masters(self.cfg, params["embed.weight"].device).items():
+        flat = flat_masters(self.cfg, params["embed.weight"].device)
+        for name, view in flat.items():
             params[name].data = view
+        self._flat = (flat, [(p, p.data_ptr()) for p in params.values()])
+
+    def flat_weights(self) -> FlatWeights | None:
+        """The masters as the one buffer they view (flatten_masters, CUDA), for a sync in one
+        check and one launch; None when not flattened or when a parameter no longer views it
+        (moved by .to(), or reassigned): then `export_weights`' mapping is the way."""
+        if self._flat is None:
+            return None
+        flat, pointers = self._flat
+        return flat if all(p.data_ptr() == ptr for p, ptr in pointers) else None
 
     def load_weights(self, weights: dict) -> None:
         check_weights(self.cfg, weights, "Policy.load_weights")

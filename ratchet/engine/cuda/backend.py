@@ -26,9 +26,11 @@ from ratchet.engine.cuda.prefill import (
 )
 from ratchet.engine.cuda.staging import PARAMS, CudaStep, Staging
 from ratchet.engine.sampling import SamplingBatch
+from ratchet.errors import InputError
 from ratchet.model.checksum import block_checksums
 from ratchet.model.config import ModelConfig
 from ratchet.model.dtypes import fp32_to_bf16_bits
+from ratchet.model.flat_weights import FlatWeights
 from ratchet.model.layout import (
     DTYPES,
     check_update,
@@ -99,6 +101,8 @@ class CudaBackend:
         self.split_products: tuple[str, ...] = ("wo", "w_down")
         self.weights: dict[str, cp.ndarray] = {}
         self.weight_sync: sync.WeightSync | None = None  # the buffers' pointers, once they exist
+        self.flat_weights: cp.ndarray | None = None  # every buffer's storage, in flat_offsets' layout
+        self.flat_sync: sync.WeightSync | None = None  # the whole of it as one buffer (FlatWeights)
         self._graphs = DecodeGraphs(self.stream, self._decode_body, enabled=use_graphs)
         self.lengths = np.zeros(max_batch_size, dtype=np.int64)
 
@@ -122,16 +126,20 @@ class CudaBackend:
         if not self.weights:
             _, length = flat_offsets(self.cfg)  # the trainer's CUDA masters' layout
             with self.stream:
-                self.weights = flat_views(self.cfg, cp.empty(length, dtype=self.storage))
+                self.flat_weights = cp.empty(length, dtype=self.storage)
+                self.weights = flat_views(self.cfg, self.flat_weights)
             self.layers.bind(self.weights)
         self.update_weights(weights)
 
     def update_weights(self, weights: Mapping) -> None:
         """Any subset of the tensors: NumPy float32 arrays (on the dtype grid) or torch fp32
         CUDA tensors (rounded on the GPU through DLPack); written into the existing buffers."""
-        check_update(self.cfg, weights, "cuda backend update_weights")
         if not self.weights:
             raise RuntimeError("cuda backend update_weights: load_weights first")
+        if isinstance(weights, FlatWeights) and sync.is_device_tensor(weights.flat):
+            self._update_flat(weights)
+            return
+        check_update(self.cfg, weights, "cuda backend update_weights")
         with self.stream:
             on_device, on_host = [], []  # GPU tensors: one launch; host arrays: cast, upload
             for item in weights.items():
@@ -144,6 +152,19 @@ class CudaBackend:
                 if self.weight_sync is None:
                     self.weight_sync = sync.WeightSync(self.weights, self.dtype)
                 self.weight_sync.copy(on_device)
+        self.stream.synchronize()
+        self.reset()
+
+    def _update_flat(self, weights: FlatWeights) -> None:
+        """Every tensor at once from the one buffer behind them: one check of one tensor and
+        one launch into the engine's own flat buffer (the same layout), where a mapping costs
+        a check per tensor the GPU waits for."""
+        if weights.cfg != self.cfg:
+            raise InputError("cuda backend update_weights: FlatWeights of another model configuration")
+        if self.flat_sync is None:
+            self.flat_sync = sync.WeightSync({"flat": self.flat_weights}, self.dtype)
+        with self.stream:
+            self.flat_sync.copy([("flat", weights.flat)])
         self.stream.synchronize()
         self.reset()
 

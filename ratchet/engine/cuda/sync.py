@@ -27,7 +27,8 @@ class SyncKernel:
     `blocks_per_sm` per multiprocessor (every block resident at once, a grid-stride loop over
     the chunks), or with `per_chunk` one block per chunk (the hardware schedules them). With
     `one_range`, a sync whose tensors coalesce into one range (the trainer's flat masters into
-    the engine's flat buffers) runs convert_f32 instead: no descriptors to look up at all."""
+    the engine's flat buffers) runs convert_tiles (`range_loads` > 0) or convert_f32 instead: no
+    descriptors to look up at all."""
     name: str = "table"
     chunk: int = 8192
     blocks_per_sm: int = 4
@@ -50,8 +51,10 @@ class SyncKernel:
 
 
 SEARCH = SyncKernel("search", 8192, 4)
-# the fastest of the sync bench's nine on one H200 (docs/KERNELS.md, sync run 2)
-DEFAULT_KERNEL = SyncKernel("table", 8192, 4, stream=False, per_chunk=True, one_range=True)
+# a sync of several ranges: the fastest table kernel of the sync bench (docs/KERNELS.md, sync run
+# 2); one range (the flat layout): convert_tiles with 2 loads a thread, ahead of convert_f32 in the
+# same call (sync run 8)
+DEFAULT_KERNEL = SyncKernel("table", 8192, 4, stream=False, per_chunk=True, one_range=True, range_loads=2)
 ONE_RANGE_BLOCKS_PER_SM = 8  # convert_f32's grid: 2,048 threads a multiprocessor, one float4 each in flight
 
 _kernels: dict = {}
