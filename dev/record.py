@@ -137,6 +137,8 @@ def main(argv=None) -> None:
     parser.add_argument("--wall-s", type=float, default=None, help="the pipeline's wall time")
     parser.add_argument("--command", default="", help="the command that made the run")
     parser.add_argument("--config", type=Path, default=None, help="the config file of the run")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="the run's overrides of --config (snakemake's set=), so config.json is what ran")
     parser.add_argument("--gpu-samples", type=Path, default=None,
                         help="nvidia-smi memory.used samples (MiB per line) taken during the run")
     args = parser.parse_args(argv)
@@ -146,7 +148,7 @@ def main(argv=None) -> None:
     if args.config is not None:
         from ratchet import config as config_mod
 
-        config = config_mod.load(args.config, [])
+        config = config_mod.load(args.config, args.set)
     summary = collect(args.run, args.out, args.wall_s, args.command, config, args.gpu_samples)
     print(json.dumps({k: v for k, v in summary.items() if not isinstance(v, dict)}, indent=2))
 

@@ -19,8 +19,10 @@ source dev/gpu/detached.sh
 # PIPELINE_SET: snakemake's `set=` overrides, e.g. a trainer setting tried before the profile takes it
 profile=${PROFILE:-local}
 state=/root/pipeline-$profile
-args=(--cores all --configfile "config/$profile.yaml" ${PIPELINE_SET:+--config "set=$PIPELINE_SET"})
-command="snakemake --cores all --configfile config/$profile.yaml${PIPELINE_SET:+ --config 'set=$PIPELINE_SET'}"
+# GPU_JOBS: Snakemake's --resources gpu_jobs=N in place of the workflow profile's 2 (how many GPU rules share the GPU)
+args=(--cores all --configfile "config/$profile.yaml" ${PIPELINE_SET:+--config "set=$PIPELINE_SET"}
+      ${GPU_JOBS:+--resources "gpu_jobs=$GPU_JOBS"})
+command="snakemake --cores all --configfile config/$profile.yaml${PIPELINE_SET:+ --config 'set=$PIPELINE_SET'}${GPU_JOBS:+ --resources gpu_jobs=$GPU_JOBS}"
 
 case "${1:?start, wait or collect}" in
 start)
@@ -54,8 +56,9 @@ collect)
   # the machine's copy of .git can be stale: carry .cache/commit (git rev-parse HEAD > .cache/commit)
   [ -f .cache/commit ] && export RATCHET_COMMIT=$(cat .cache/commit)
   wall=(); [ -f "$state/wall_s" ] && wall=(--wall-s "$(cat "$state/wall_s")")
+  overrides=(); [ -n "${PIPELINE_SET:-}" ] && read -ra overrides <<< "$PIPELINE_SET"
   python3 -m dev.record --run "results/$profile" --out "$OUT/h200-$profile" "${wall[@]}" \
-    --command "$command" --config "config/$profile.yaml" --gpu-samples "$state/gpu_mem_mib.txt"
+    --command "$command" --config "config/$profile.yaml" --set "${overrides[@]}" --gpu-samples "$state/gpu_mem_mib.txt"
   cp "$state/snakemake.log" "$OUT/h200-$profile/"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/h200-$profile/nvidia-smi.txt"
   tar czf "$OUT/h200-$profile.tgz" -C "$OUT" "h200-$profile" && rm -rf "$OUT/h200-$profile"

@@ -5,7 +5,7 @@
 # command a line (# comments, blank lines skipped), each with its own $OUT under the plan's state:
 #   bash dev/gpu/plan.sh start dev/gpu/plans/NAME.txt
 #   bash dev/gpu/plan.sh wait       # poll up to WAIT_S s (default 540): each step's state, newest lines
-#   bash dev/gpu/plan.sh collect    # every step's $OUT so far -> $OUT/plan/stepN/, with the plan's log
+#   bash dev/gpu/plan.sh collect    # every step's $OUT so far -> $OUT/plan.tgz (stepN/...), with the plan's log
 # The steps run in a copy of the checkout ($state/repo): every device call rewrites the checkout
 # first, and a file rewritten under a running step broke it (NVRTC could not open a kernel
 # header mid-compile); the copy also keeps local edits made meanwhile out of the running plan.
@@ -72,9 +72,10 @@ wait)
   [ -f "$state/rc" ] && echo "plan done" || echo "still running"
   ;;
 collect)
-  mkdir -p "$OUT/plan" && cp -r "$state/out/." "$OUT/plan/" 2>/dev/null
-  cp "$state"/*.log "$state/plan.txt" "$OUT/plan/" 2>/dev/null
+  # one archive: the device returns a limited number of files a call (a folder of every step's
+  # outputs was refused, "count"), and nothing deeper than two folders
+  (cd "$state" && tar czf "$OUT/plan.tgz" --transform 's,^out/,,' out plan.txt ./*.log 2>/dev/null)
   (cd "$(workdir)" && keep)
-  ls -R "$OUT/plan" | head -40
+  tar tzf "$OUT/plan.tgz" | head -40
   ;;
 esac
