@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,12 +63,17 @@ def save_engine_model(out_dir: str | Path, cfg: ModelConfig, weights: dict[str, 
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     try:
+        start = time.perf_counter()
         safetensors_io.save(tmp / WEIGHTS_FILE, ordered, dtype)
+        written = time.perf_counter() - start
         config = cfg.to_dict() | {"engine_dtype": dtype}
         (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
         manifest = {"dtype": dtype, "num_parameters": num_parameters(cfg),
                     "file_sha256": file_sha256(tmp / WEIGHTS_FILE),
                     "tensors": tensor_hashes(tmp / WEIGHTS_FILE)} | (manifest_extra or {})
+        size = (tmp / WEIGHTS_FILE).stat().st_size
+        print(f"[save_engine_model] {size / 1e9:.2f} GB written in {written:.1f} s "
+              f"({size / 1e6 / max(written, 1e-9):.0f} MB/s), hashed in {time.perf_counter() - start - written:.1f} s")
         (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
         if tokenizer_dir is not None:
             copy_tokenizer_files(tokenizer_dir, tmp)
