@@ -36,7 +36,8 @@ class Backend(Protocol):
     def update_weights(self, weights: Mapping[str, object]) -> None:
         """Any subset, shapes checked, written in place (a sync allocates nothing): float32
         NumPy arrays on the dtype's grid, or (CUDA) float32 DLPack tensors on weight_device,
-        rounded there. Every slot is empty afterwards."""
+        rounded there; a `FlatWeights` (every tensor, one buffer) the CUDA backend takes as one
+        range. Every slot is empty afterwards."""
         ...
 
     def weight_checksums(self) -> dict[str, tuple[int, int]]:
