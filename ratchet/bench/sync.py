@@ -77,17 +77,22 @@ def kernels_alone_ms(backend, flat) -> dict[str, float]:
     return {name: float(np.median(ms)) for name, ms in rounds.items()}
 
 
-def _copy_events_ms(backend, weight_sync, items) -> float:
-    """One WeightSync.copy of `items`, CUDA events on the engine's stream: median after warm-up."""
+def _events_ms(stream, call) -> float:
+    """One `call()`, host work included, CUDA events on `stream`: median after warm-up."""
     ev = Events()
     for i in range(SYNC_WARMUP + SYNC_REPEATS):
-        with backend.stream:
+        with stream:
             if i < SYNC_WARMUP:
-                weight_sync.copy(items)
+                call()
                 continue
-            with ev.time(backend.stream):
-                weight_sync.copy(items)
+            with ev.time(stream):
+                call()
     return float(np.median(ev.ms))
+
+
+def _copy_events_ms(backend, weight_sync, items) -> float:
+    """One WeightSync.copy of `items`, CUDA events on the engine's stream."""
+    return _events_ms(backend.stream, lambda: weight_sync.copy(items))
 
 
 def compare_kernels(backend, items) -> dict[str, float]:
@@ -148,14 +153,8 @@ def bench_sync(backend, weights_torch: FlatWeights) -> dict:
     flat_s = _wall_s(backend, weights_torch)
     out = {"params": n_params, "inplace_s": inplace, "inplace_flat_s": flat_s,
            "inplace_GBps (fp32 read + 16-bit write)": n_params * (4 + backend.storage.itemsize) / inplace / 1e9}
-    flat_events = Events()
-    for i in range(SYNC_WARMUP + SYNC_REPEATS):
-        if i < SYNC_WARMUP:
-            backend.update_weights(weights_torch)
-            continue
-        with flat_events.time(backend.stream):
-            backend.update_weights(weights_torch)
-    out["inplace_flat_events_ms (update_weights call, FlatWeights, GPU clock)"] = float(np.median(flat_events.ms))
+    out["inplace_flat_events_ms (update_weights call, FlatWeights, GPU clock)"] = _events_ms(
+        backend.stream, lambda: backend.update_weights(weights_torch))
     out["kernels_alone_ms"] = kernels_alone_ms(backend, weights_torch.flat)
     # the conversion kernel (one launch over every tensor), CUDA events on the engine's stream
     items = list(weights_torch.items())

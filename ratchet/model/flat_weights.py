@@ -10,7 +10,7 @@ from collections.abc import Iterator, Mapping
 
 from ratchet.errors import InputError
 from ratchet.model.config import ModelConfig
-from ratchet.model.layout import expected_shapes, flat_offsets, flat_views
+from ratchet.model.layout import flat_offsets, flat_views
 
 
 class FlatWeights(Mapping):
@@ -18,12 +18,12 @@ class FlatWeights(Mapping):
     engine's buffers share. The views are made on first use and kept."""
 
     def __init__(self, cfg: ModelConfig, flat):
-        _, length = flat_offsets(cfg)
+        offsets, length = flat_offsets(cfg)
         if len(flat.shape) != 1 or int(flat.shape[0]) != length:
             raise InputError(f"FlatWeights: a flat buffer of shape {tuple(flat.shape)}, expected ({length},): "
                              "flat_offsets' length for this model")
         self.cfg, self.flat = cfg, flat
-        self._names = tuple(expected_shapes(cfg))
+        self._names = tuple(offsets)  # expected_shapes' order
         self._views: dict | None = None
 
     @property

@@ -22,11 +22,12 @@ def for_engine(engine, weights: Mapping[str, torch.Tensor]) -> Mapping:
     """`weights` as `engine.update_weights` takes them without a host copy: tensors on its
     GPU when it has one and they are on a GPU (FlatWeights stay one buffer), else NumPy arrays."""
     device = engine.weight_device
-    flat = weights.flat if isinstance(weights, FlatWeights) else None
-    if device != "cpu" and (flat if flat is not None else next(iter(weights.values()))).is_cuda:
-        if flat is not None:
-            return weights.on(device)
-        return {k: v.to(device) for k, v in weights.items()}  # no copy when already there
+    if device != "cpu":
+        if isinstance(weights, FlatWeights):
+            if weights.flat.is_cuda:
+                return weights.on(device)
+        elif next(iter(weights.values())).is_cuda:
+            return {k: v.to(device) for k, v in weights.items()}  # no copy when already there
     return {k: v.detach().cpu().numpy() for k, v in weights.items()}
 
 

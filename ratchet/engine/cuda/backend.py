@@ -137,8 +137,24 @@ class CudaBackend:
         if not self.weights:
             raise RuntimeError("cuda backend update_weights: load_weights first")
         if isinstance(weights, FlatWeights) and sync.is_device_tensor(weights.flat):
-            self._update_flat(weights)
-            return
+            self._copy_flat(weights)
+        else:
+            self._copy_mapping(weights)
+        self.stream.synchronize()
+        self.reset()
+
+    def _copy_flat(self, weights: FlatWeights) -> None:
+        """Every tensor at once from the one buffer behind them: one check of one tensor and
+        one launch into the engine's own flat buffer (the same layout), where a mapping costs
+        a check per tensor the GPU waits for."""
+        if weights.cfg != self.cfg:
+            raise InputError("cuda backend update_weights: FlatWeights of another model configuration")
+        if self.flat_sync is None:
+            self.flat_sync = sync.WeightSync({"flat": self.flat_weights}, self.dtype)
+        with self.stream:
+            self.flat_sync.copy([("flat", weights.flat)])
+
+    def _copy_mapping(self, weights: Mapping) -> None:
         check_update(self.cfg, weights, "cuda backend update_weights")
         with self.stream:
             on_device, on_host = [], []  # GPU tensors: one launch; host arrays: cast, upload
@@ -152,21 +168,6 @@ class CudaBackend:
                 if self.weight_sync is None:
                     self.weight_sync = sync.WeightSync(self.weights, self.dtype)
                 self.weight_sync.copy(on_device)
-        self.stream.synchronize()
-        self.reset()
-
-    def _update_flat(self, weights: FlatWeights) -> None:
-        """Every tensor at once from the one buffer behind them: one check of one tensor and
-        one launch into the engine's own flat buffer (the same layout), where a mapping costs
-        a check per tensor the GPU waits for."""
-        if weights.cfg != self.cfg:
-            raise InputError("cuda backend update_weights: FlatWeights of another model configuration")
-        if self.flat_sync is None:
-            self.flat_sync = sync.WeightSync({"flat": self.flat_weights}, self.dtype)
-        with self.stream:
-            self.flat_sync.copy([("flat", weights.flat)])
-        self.stream.synchronize()
-        self.reset()
 
     def weight_checksums(self) -> dict[str, tuple[int, int]]:
         with self.stream:
