@@ -17,14 +17,35 @@ import numpy as np
 import pandas as pd
 
 
+def hf_model_from_gguf(path: Path, config=None, dtype=None):
+    """transformers' own GGUF loading (the tensors `from_pretrained(gguf_file=)` reads for qwen2
+    and llama, dequantised and un-permuted by transformers), without the `accelerate` package
+    `from_pretrained` insists on for GGUF files."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    config = config or AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    with no_init_weights():
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
+    missing, unexpected = model.load_state_dict(tensors, strict=False, assign=True)
+    allowed = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    if unexpected or not set(missing) <= allowed:
+        raise ValueError(f"{path}: transformers' GGUF tensors do not fit its model "
+                         f"(missing {sorted(set(missing) - allowed)}, unexpected {sorted(unexpected)})")
+    model.tie_weights()
+    return (model.to(dtype) if dtype is not None else model).eval()
+
+
 def load_hf_model(source: Path, dtype, device: str):
     from transformers import AutoModelForCausalLM
 
     if source.suffix == ".gguf":
-        model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name,
-                                                     torch_dtype=dtype)
+        model = hf_model_from_gguf(source, dtype=dtype)
     else:
-        model = AutoModelForCausalLM.from_pretrained(source, torch_dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
     return model.to(device).eval()
 
 
@@ -58,6 +79,36 @@ def greedy_generate(model, prompts: list[list[int]], max_new_tokens: int, eos_id
               f"{time.perf_counter() - t0:.0f} s", flush=True)
     torch.cuda.synchronize() if device.type == "cuda" else None
     return answers, time.perf_counter() - t0
+
+
+SAME_VERDICT_GOAL = 0.97  # issue 20: the engine and transformers agree on right or wrong this often
+
+
+def compare_with_engine(engine_answers: pd.DataFrame, ids, texts: list[str], rewards: np.ndarray) -> dict:
+    """The engine's eval (its answers parquet) against transformers' on the same problems: how
+    often the answers are identical, how often both are right or both wrong, and the accuracy
+    difference paired by problem (engine - transformers) with its standard error."""
+    from ratchet.mismatch.paired import paired_difference
+
+    missing = sorted(set(ids) - set(engine_answers["id"]))
+    if missing:
+        raise ValueError(f"the engine's answers lack {len(missing)} of the problems (first: {missing[0]})")
+    ours = engine_answers.set_index("id").loc[list(ids)]
+    engine_correct = ours["reward"].to_numpy() >= 1
+    hf_correct = np.asarray(rewards) >= 1
+    paired = paired_difference(hf_correct, engine_correct)
+    acc = float(hf_correct.mean())
+    stderr = float(np.sqrt(acc * (1 - acc) / len(hf_correct)))
+    same_verdict = float(np.mean(engine_correct == hf_correct))
+    return {
+        "engine_accuracy": float(engine_correct.mean()),
+        "identical_answers_share": float(np.mean([x == y for x, y in zip(texts, ours["response"])])),
+        "same_verdict_share": same_verdict,
+        "engine_minus_hf": paired,
+        "accuracy_within_stderr": bool(abs(paired["diff"]) <= stderr),
+        "same_verdict_goal": SAME_VERDICT_GOAL,
+        "same_verdict_met": bool(same_verdict >= SAME_VERDICT_GOAL),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,11 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         "tokens_per_s": n_tokens / wall, "batch_size": a.batch_size,
     }
     if a.answers and a.answers.is_file():
-        ours = pd.read_parquet(a.answers).set_index("id").loc[problems["id"]]
-        same = [x == y for x, y in zip(texts, ours["response"])]
-        summary["identical_answers_share"] = float(np.mean(same))
-        summary["engine_accuracy"] = float(ours["reward"].mean())
-        summary["both_correct_or_both_wrong_share"] = float(np.mean(ours["reward"].to_numpy() == rewards))
+        summary |= compare_with_engine(pd.read_parquet(a.answers), problems["id"], texts, rewards)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary, indent=2))

@@ -12,14 +12,12 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType as Q
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
-from transformers.convert_slow_tokenizer import bytes_to_unicode
-from transformers.initialization import no_init_weights
-from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
 from full_logits import full_logits
+from gguf import GGMLQuantizationType as Q
+from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerFast
+from transformers.convert_slow_tokenizer import bytes_to_unicode
 
+from dev.hf_eval import hf_model_from_gguf
 from ratchet.model.convert_gguf import convert_gguf
 from ratchet.trainer.policy import Policy
 
@@ -104,19 +102,6 @@ def write_gguf(path: Path, arch: str, seed: int = 0) -> dict[str, np.ndarray]:
     writer.write_tensors_to_file()
     writer.close()
     return stored
-
-
-def hf_model_from_gguf(path: Path, config=None):
-    """transformers' own GGUF loading (the path `from_pretrained(gguf_file=)` takes for qwen2 and
-    llama), without the `accelerate` dependency `from_pretrained` insists on."""
-    config = config or AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
-    with no_init_weights():
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
-    missing, unexpected = model.load_state_dict(tensors, strict=False, assign=True)
-    assert not unexpected and set(missing) <= ({"lm_head.weight"} if config.tie_word_embeddings else set())
-    model.tie_weights()
-    return model.eval()
 
 
 def relative_diff(ours: torch.Tensor, ref: torch.Tensor) -> float:

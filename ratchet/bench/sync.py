@@ -60,7 +60,8 @@ def kernels_alone_ms(backend, flat) -> dict[str, float]:
     from ratchet.engine.cuda import sync
 
     buffer = backend.flat_weights
-    variants = {"convert_f32": 0, "convert_tiles, 2 loads": 2, "convert_tiles, 4 loads": 4}
+    variants = {"convert_f32": 0, "convert_tiles, 1 load": 1, "convert_tiles, 2 loads": 2,
+                "convert_tiles, 4 loads": 4, "convert_tiles, 8 loads": 8}
     syncs = {name: sync.WeightSync({"flat": buffer}, backend.dtype,
                                    kernel=dataclasses.replace(sync.DEFAULT_KERNEL, range_loads=loads))
              for name, loads in variants.items()}
