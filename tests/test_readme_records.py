@@ -43,3 +43,28 @@ def test_the_readmes_learning_table_is_the_records():
                              f"{100 * r.gain:+.1f} ± {100 * r.gain_stderr:.1f} pts", gap], (r.dtype, r.remedy)
     for key in set(rows) - {(r.dtype, r.remedy) for r in runs.itertuples()}:  # a run the record lacks
         assert "not run yet" in rows[key], key
+
+
+def _record(name: str) -> dict:
+    import json
+
+    path = ROOT / "results/records" / name
+    if not path.is_file():
+        pytest.skip(f"no record {name}")
+    return json.loads(path.read_text())
+
+
+def test_the_readmes_sync_and_1_5b_eval_figures_are_the_records():
+    text = (ROOT / "README.md").read_text()
+    sync = _record("h200-bench-sync-session8.json")
+    assert f"**{sync['sync_ms']:.3f} ms wall and {sync['sync_events_ms']:.3f} ms by CUDA events**" in text
+    assert f"`convert_tiles` with 2 loads takes {sync['sync_kernel_ms']:.3f} ms" in text
+    assert f"torch's flat copy {sync['torch_copy_kernel_ms']:.3f} ms" in text
+    ev = _record("h200-eval-1.5b.json")
+    engine = f"{100 * ev['engine_accuracy']:.1f}% ± {100 * ev['engine_accuracy_stderr']:.1f}"
+    hf = f"{100 * ev['hf_accuracy']:.1f}% ± {100 * ev['hf_accuracy_stderr']:.1f}"
+    assert f"| {engine} | {round(ev['engine_tokens_per_s'], -2):,.0f} | {ev['engine_eval_wall_s']:.1f} s |" in text
+    assert f"| {hf} | {round(ev['hf_tokens_per_s'], -2):,.0f} | {ev['hf_eval_wall_s']:.0f} s |" in text
+    assert f"**{100 * ev['same_verdict_share']:.1f}%** of problems" in text
+    paired = ev["engine_minus_hf"]
+    assert f"{100 * paired['diff']:.1f} ± {100 * paired['stderr']:.1f} pts ({paired['better']} problems better, {paired['worse']} worse)" in text
