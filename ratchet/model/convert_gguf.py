@@ -20,6 +20,7 @@ from ratchet.errors import InputError, MissingInputError
 from ratchet.model.config import ModelConfig
 from ratchet.model.convert_hf import fuse, rename
 from ratchet.model.gguf_file import GGUFFile, read_gguf
+from ratchet.model.gguf_tokenizer import write_tokenizer
 from ratchet.model.io import inline_chat_template
 
 # GGUF name -> engine name before fusion; `{}` is the layer index.
@@ -61,11 +62,13 @@ def convert_gguf(path: str | Path, tokenizer_out_dir: str | Path) -> tuple[Model
     start = time.perf_counter()
     reader = _open(path)
     cfg = read_gguf_config(reader, path)
-    # The tokenizer conversion (transformers', which parses the metadata again) runs in a
-    # second process while this one dequantises, tensor by tensor on a thread pool (NumPy
-    # releases the GIL).
+    # The tokenizer from the fields already read (byte-level BPE, Qwen2's pre-tokenizer);
+    # any other through transformers' conversion, which parses the metadata again, in a second
+    # process while this one dequantises, tensor by tensor on a thread pool (NumPy releases
+    # the GIL).
+    written = _write_own_tokenizer(reader, path, tokenizer_out_dir)
     with cf.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        tokenizer = pool.submit(write_gguf_tokenizer, path, tokenizer_out_dir)
+        tokenizer = pool.submit(write_gguf_tokenizer, path, tokenizer_out_dir) if not written else None
         workers = min(8, os.cpu_count() or 1)
         with cf.ThreadPoolExecutor(workers) as threads:
             source = dict(zip((t.name for t in reader.tensors),
@@ -74,11 +77,21 @@ def convert_gguf(path: str | Path, tokenizer_out_dir: str | Path) -> tuple[Model
             source = {name: _unpermute_llama(name, w, cfg) for name, w in source.items()}
         weights = fuse(rename(source, WEIGHT_MAP, cfg, str(path)), cfg, str(path))
         dequantised = time.perf_counter() - start
-        tokenizer.result()  # its ValueError, if any, names the file
+        if tokenizer is not None:
+            tokenizer.result()  # its ValueError, if any, names the file
     # where the time goes, for a machine where this step is slow (the two run side by side)
+    how = "ratchet's" if written else "transformers'"
     print(f"[convert_gguf] {len(reader.tensors)} tensors read and dequantised in {dequantised:.1f} s "
-          f"({workers} threads); tokenizer ready at {time.perf_counter() - start:.1f} s")
+          f"({workers} threads); tokenizer ({how} conversion) ready at {time.perf_counter() - start:.1f} s")
     return cfg, weights
+
+
+def _write_own_tokenizer(reader: GGUFFile, path: Path, out_dir) -> bool:
+    """gguf_tokenizer's files for a tokenizer it builds (True), or nothing (False)."""
+    try:
+        return write_tokenizer(reader.fields, out_dir)
+    except (KeyError, IndexError, TypeError, ValueError) as e:
+        raise InputError(f"{path}: cannot read the tokenizer metadata: {type(e).__name__}: {e}") from None
 
 
 def _open(path: Path) -> GGUFFile:
