@@ -16,7 +16,7 @@
 #   bash dev/gpu/vllm.sh shapes          # the same decode at 1.5B and 7B shapes, random weights
 #   bash dev/gpu/vllm.sh decompose 'ablate.engine_dtypes=[fp16]'   # ablate_decompose_vllm
 #   RUN=local-bf16 bash dev/gpu/vllm.sh decompose 'ablate.engine_dtypes=[bf16]'
-#   VARIANTS=split:fp16 GRPO_SET=train.micro_batch_size=64 bash dev/gpu/vllm.sh trl
+#   VARIANTS=split:fp16 GRPO_SET='train.micro_batch_size=64 train.attention=causal' bash dev/gpu/vllm.sh trl
 #                                        # dev.trl_grpo (TRL + vLLM), then dev.grpo_step, one call
 set -euo pipefail
 source dev/gpu/env.sh
@@ -87,8 +87,10 @@ trl)  # TRL's GRPOTrainer with vLLM colocated, then ratchet's step, in one call:
     > "$OUT/trl/trl.txt" 2>&1 || { tail -40 "$OUT/trl/trl.txt"; }
   grep "^\[trl_grpo\]" "$OUT/trl/trl.txt" | tail -4
   if [ -n "${VARIANTS:-}" ]; then
+    sets=()  # GRPO_SET: overrides separated by spaces, each KEY=VALUE without spaces
+    for s in ${GRPO_SET:-}; do sets+=(--set "$s"); done
     python3 -m dev.grpo_step --config config/local.yaml --steps "${STEPS:-100}" --variants "$VARIANTS" \
-      ${GRPO_SET:+--set "$GRPO_SET"} --out "$OUT/trl/grpo-step.json" > "$OUT/trl/grpo-step.txt" 2>&1
+      "${sets[@]}" --out "$OUT/trl/grpo-step.json" > "$OUT/trl/grpo-step.txt" 2>&1
     grep "^\[grpo_step\]" "$OUT/trl/grpo-step.txt"; tail -3 "$OUT/trl/grpo-step.txt"
   fi
   ;;
