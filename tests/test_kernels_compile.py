@@ -75,17 +75,31 @@ def test_engine_import_does_not_import_cuda_code():
     assert out.stdout.strip() == "[]", out.stdout
 
 
+@pytest.fixture(scope="module")
+def nvcc_compiles(tmp_path_factory):
+    """Every kernel's nvcc compile, all started at once (the machine's cores share them: the
+    largest file alone takes ~25 s on two cores); each test waits for its own."""
+    out_dir = tmp_path_factory.mktemp("nvcc")
+    procs = {}
+    for name in KERNELS:
+        src = out_dir / f"{name}.cu"
+        src.write_text(loader.nvcc_wrapper(name, loader.expressions(name, attn_shapes=ATTN_SHAPES)))
+        cmd = ["nvcc", "-arch=sm_90", *loader.options(name), "-Xptxas", "-v", "-c", str(src),
+               "-o", str(out_dir / f"{name}.o")]
+        procs[name] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    yield procs
+    for proc in procs.values():
+        proc.kill()
+        proc.communicate()
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 @pytest.mark.parametrize("name", KERNELS)
-def test_compiles_with_nvcc_sm90(name, tmp_path):
-    src = tmp_path / f"{name}.cu"
-    src.write_text(loader.nvcc_wrapper(name, loader.expressions(name, attn_shapes=ATTN_SHAPES)))
-    cmd = ["nvcc", "-arch=sm_90", *loader.options(name), "-Xptxas", "-v", "-c", str(src),
-           "-o", str(tmp_path / f"{name}.o")]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, out.stderr[-4000:]
-    assert "warning" not in out.stderr.lower(), out.stderr[-4000:]
+def test_compiles_with_nvcc_sm90(name, nvcc_compiles):
+    _, stderr = nvcc_compiles[name].communicate(timeout=900)
+    assert nvcc_compiles[name].returncode == 0, stderr[-4000:]
+    assert "warning" not in stderr.lower(), stderr[-4000:]
 
 
 def _find_nvrtc() -> str | None:

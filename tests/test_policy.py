@@ -287,3 +287,30 @@ def test_rmsnorm_is_the_explicit_formula_bit_for_bit_on_the_cpu(dtype):
     want.backward(grad.to(want.dtype))
     for a, b in zip(got, (want.detach(), x.grad, norm.weight.grad)):
         assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_the_heads_values_and_gradients_are_the_plain_formulas_bit_for_bit(temperature):
+    """head_chunk skips the division at temperature 1 and keeps the entropy out of autograd
+    (so the checkpoint's recompute stops before it): the log-probs, the entropy and the
+    gradients through a checkpointed chunk equal the plain formulas' bit for bit."""
+    from torch.utils.checkpoint import checkpoint
+
+    from ratchet.trainer.policy import head_chunk
+
+    gen = torch.Generator().manual_seed(0)
+    h = torch.randn(37, 16, generator=gen, requires_grad=True)
+    w = torch.randn(101, 16, generator=gen, requires_grad=True)
+    targets = torch.randint(0, 101, (37,), generator=gen)
+    g = torch.randn(37, generator=gen)
+
+    logp = torch.log_softmax((h @ w.T).float() / temperature, dim=-1)
+    chosen = logp.gather(-1, targets[:, None]).squeeze(-1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    dh, dw = torch.autograd.grad(chosen, (h, w), g)
+
+    c, e = checkpoint(head_chunk, h, w, targets, temperature, True, use_reentrant=False)
+    assert torch.equal(c, chosen) and torch.equal(e, entropy) and not e.requires_grad
+    assert all(torch.equal(a, b) for a, b in zip(torch.autograd.grad(c, (h, w), g), (dh, dw)))
+    c, e = head_chunk(h, w, targets, temperature, False)
+    assert torch.equal(c, chosen) and e.numel() == 0

@@ -123,12 +123,20 @@ def pack(prompts: list[list[int]], responses: list[list[int]], device) -> Packed
 
 def head_chunk(h: torch.Tensor, head_weight: torch.Tensor, targets: torch.Tensor,
                temperature: float, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """log p(target) and entropy for one chunk of hidden states [n, D]."""
-    logits = F.linear(h, head_weight).float() / temperature  # [n, V]
+    """log p(target) and entropy for one chunk of hidden states [n, D]. Each step over the
+    [n, V] logits is a pass over memory, so none is made that changes nothing: no division at
+    temperature 1 (x / 1 is x, its gradient too), and the entropy, a metric no gradient flows
+    through, outside autograd: it saves nothing for the backward pass, so the checkpoint's
+    recompute stops before it. The same values and gradients, bit for bit."""
+    logits = F.linear(h, head_weight).float()  # [n, V]
+    if temperature != 1.0:
+        logits = logits / temperature
     logp = torch.log_softmax(logits, dim=-1)
     chosen = logp.gather(-1, targets[:, None]).squeeze(-1)
-    entropy = -(logp.exp() * logp).sum(-1) if with_entropy else chosen.new_zeros(0)
-    return chosen, entropy
+    if not with_entropy:
+        return chosen, chosen.new_zeros(0)
+    with torch.no_grad():
+        return chosen, -(logp.exp() * logp).sum(-1)
 
 
 class Policy(nn.Module):

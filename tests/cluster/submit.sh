@@ -4,5 +4,7 @@
 # job id. Snakemake's cluster-generic executor then waits for the job's finished marker.
 set -euo pipefail
 jobscript="$1"
-env -i PATH="/usr/local/bin:/usr/bin:/bin" HOME="$HOME" bash "$jobscript" > "$jobscript.out" 2>&1 &
+# RATCHET_TRACKING, the one switch a user sets for a whole run, goes through when it is set.
+env -i PATH="/usr/local/bin:/usr/bin:/bin" HOME="$HOME" ${RATCHET_TRACKING:+RATCHET_TRACKING="$RATCHET_TRACKING"} \
+  bash "$jobscript" > "$jobscript.out" 2>&1 &
 echo $!
