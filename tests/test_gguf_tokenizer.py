@@ -13,7 +13,7 @@ from transformers import PreTrainedTokenizerFast
 from ratchet.data.tokenizer import load_tokenizer
 from ratchet.model.convert_gguf import convert_gguf, write_gguf_tokenizer
 from ratchet.model.gguf_file import read_gguf
-from ratchet.model.gguf_tokenizer import supported, write_tokenizer
+from ratchet.model.gguf_tokenizer import bytes_to_unicode, supported, write_tokenizer
 
 SAMPLES = ["the hell wall", "  two  spaces\n\n\tand tabs 123456", "ünïcödé 数字 <|im_start|>user\nhi<|im_end|>"]
 
@@ -70,3 +70,9 @@ def test_a_tokenizer_it_does_not_build_goes_through_transformers(tmp_path, monke
     convert_gguf(path, tmp_path / "fallback")  # transformers' conversion writes the files
     assert calls and (tmp_path / "fallback" / "tokenizer.json").is_file()
     assert load_tokenizer(tmp_path / "fallback").eos_ids == load_tokenizer(both(path, tmp_path)[0]).eos_ids
+
+
+def test_the_byte_alphabet_is_transformers():
+    from transformers.convert_slow_tokenizer import bytes_to_unicode as theirs
+
+    assert bytes_to_unicode() == theirs()

@@ -5,7 +5,8 @@ The header is read by ratchet/model/gguf_file.py; tensors are dequantised to flo
 llama.cpp's converter permutes the Q and K rows of `llama` files (its RoPE kernel pairs
 neighbouring dimensions, HF's rotate-half pairs i with i + head_dim/2); we undo that, as
 transformers' `LlamaTensorProcessor` does. `qwen2` files are not permuted. The tokenizer is
-rebuilt from the metadata with transformers' own GGUF tokenizer converters.
+rebuilt from the metadata: byte-level BPE with Qwen2's pre-tokenizer by gguf_tokenizer.py,
+any other by transformers' own GGUF tokenizer converters.
 """
 
 from __future__ import annotations

@@ -32,7 +32,9 @@ def supported(fields: dict) -> bool:
 
 
 def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's printable spelling of each byte (the byte-level BPE alphabet)."""
+    """GPT-2's printable spelling of each byte (the byte-level BPE alphabet); transformers has
+    the same table, but importing it would cost the seconds this module saves (a test compares
+    the two)."""
     printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) \
         + list(range(ord("®"), ord("ÿ") + 1))
     chars, extra = {}, 0
