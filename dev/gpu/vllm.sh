@@ -6,6 +6,8 @@
 #
 # Here, once (pip download from PyPI, 355 MiB):
 #   ../shared/tools/vllm-wheels.sh .cache/vllm      # vllm.tar.00..06 (55 MiB each) + SHA256
+#   (cd .cache/vllm && cat vllm.tar.0? > t && rm vllm.tar.0? && split -b 42M -d t vllm.tar. && rm t)
+#   # 55 MiB chunks and the 12 MiB checkout exceed a call's 64 MiB: nine chunks of 42 MiB
 # There, one chunk a call (a call carries at most 64 MiB), carry=[".cache/vllm/vllm.tar.0N"]:
 #   bash dev/gpu/vllm.sh stage           # moves the carried chunk (and SHA256) into /root/v
 # then, carry=[".cache/vllm/SHA256"] or nothing:
@@ -36,9 +38,9 @@ stage)
 install)
   [ -f "$site/.installed" ] && { echo "vLLM already in $site"; exit 0; }
   [ -f .cache/vllm/SHA256 ] && cp .cache/vllm/SHA256 "$v/"
-  n=$(ls "$v"/vllm.tar.0? | wc -l)
-  [ "$n" = 7 ] || { echo "have $n of 7 chunks in $v: stage the others first"; exit 1; }
-  cd "$v" && cat vllm.tar.0? > vllm.tar && sha256sum -c SHA256 && mkdir -p w && tar xf vllm.tar -C w
+  n=$(ls "$v"/vllm.tar.0? | wc -l)  # however the tar was cut: the checksum of the joined chunks decides
+  cd "$v" && cat vllm.tar.0? > vllm.tar && { sha256sum -c SHA256 || { echo "the $n chunks in $v do not join to vllm.tar: stage the others"; exit 1; }; }
+  mkdir -p w && tar xf vllm.tar -C w
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" w/*.whl
   rm -f vllm.tar && touch "$site/.installed"
   python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__, torch.cuda.is_available())"
