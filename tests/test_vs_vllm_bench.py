@@ -125,3 +125,17 @@ def test_the_shape_option_refuses_an_unknown_shape_by_name(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         vs_vllm.main()
     assert "--shape 'qwen9'" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_shape_weights_drawn_on_the_gpu_are_seeded_and_on_the_grid():
+    from ratchet.model.dtypes import round_to
+
+    cfg = tiny_config(False, eos_token_ids=[])
+    a, b = (vs_vllm.shape_model(cfg, "fp16", seed=1, device="cuda") for _ in range(2))
+    c = vs_vllm.shape_model(cfg, "fp16", seed=2, device="cuda")
+    for name, w in a.weights.items():
+        assert w.dtype == np.float32 and w.shape == b.weights[name].shape
+        np.testing.assert_array_equal(w, b.weights[name])
+        np.testing.assert_array_equal(round_to(w, "fp16"), w)
+    assert any((w != c.weights[n]).any() for n, w in a.weights.items())

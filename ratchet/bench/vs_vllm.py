@@ -191,16 +191,33 @@ def bench_sensitivity(model, vllm_engine, inputs, max_seq_len: int, n: int = 512
     return out
 
 
-def shape_model(cfg, dtype: str = "fp16", seed: int = 0):
+def shape_model(cfg, dtype: str = "fp16", seed: int = 0, device: str | None = None):
     """An EngineModel of seeded random weights at `cfg`'s shapes, on `dtype`'s grid: the
-    bench's init (workload.init_of), drawn on the host (NumPy) so that a CPU test builds it too."""
+    bench's init (workload.init_of). Drawn on the GPU where there is one (7B's 7.6B values
+    took NumPy over five minutes on the H200's host), else on the host (NumPy), so that a CPU
+    test builds it too; the two draws differ, and both engines of a run hold the same one."""
     from ratchet.bench.workload import init_of
     from ratchet.model.dtypes import round_to
     from ratchet.model.io import EngineModel
     from ratchet.model.layout import expected_shapes
 
-    rng = np.random.default_rng(seed)
+    if device is None:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     weights = {}
+    if device == "cuda":
+        import torch
+
+        grid = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        for name, shape in expected_shapes(cfg).items():
+            mean, std = init_of(name)
+            w = torch.randn(shape, device="cuda", generator=gen) * std
+            w = (w + mean if mean else w).to(grid).float()  # round to nearest even, as round_to
+            weights[name] = w.cpu().numpy()
+        return EngineModel(cfg, weights, dtype)
+    rng = np.random.default_rng(seed)
     for name, shape in expected_shapes(cfg).items():
         mean, std = init_of(name)
         w = rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
