@@ -67,6 +67,17 @@ def prepare(cfg: dict) -> None:
             run_stage(stage, cfg)
 
 
+def step_medians(rows, steps: int) -> dict:
+    """{"median": times and gaps over the steps after the first two, "steps_without_gap"}. A
+    step whose groups all scored alike trains on nothing and logs no gap (NaN in its row):
+    the gaps' medians skip such steps, and count them."""
+    timed = rows[rows["step"] >= min(2, steps - 1)]
+    gaps = [k for k in GAPS if k in timed]
+    return {"median": {**{k: float(np.median(timed[k])) for k in TIMES if k in timed},
+                       **{k: float(np.nanmedian(timed[k])) for k in gaps}},
+            "steps_without_gap": int(timed[gaps[0]].isna().sum()) if gaps else None}
+
+
 def run_variant(config: str, overrides: list[str], variant: dict, steps: int, out: Path) -> dict:
     """One variant in this process: the prepare stages if their outputs are missing, then
     `steps` GRPO steps without evals, checkpoints or a saved model; the step medians."""
@@ -89,10 +100,8 @@ def run_variant(config: str, overrides: list[str], variant: dict, steps: int, ou
     import pandas as pd
 
     rows = pd.read_parquet(out / "metrics.parquet")
-    timed = rows[rows["step"] >= min(2, steps - 1)]
     result = {**variant, "steps": steps, "wall_s": wall, "engine_in": summary.get("engine_in"),
-              "median": {k: float(np.median(timed[k])) for k in TIMES + GAPS if k in timed},
-              "per_step_s": [float(x) for x in rows["time/step_s"]]}
+              **step_medians(rows, steps), "per_step_s": [float(x) for x in rows["time/step_s"]]}
     if torch.cuda.is_available():
         result["torch_max_reserved_gb"] = torch.cuda.max_memory_reserved() / 2 ** 30
     return result

@@ -176,25 +176,6 @@ def test_backend_matches_numpy_backend(kind, dtype, split):
     assert agree >= total - 1
 
 
-@pytest.mark.parametrize("rows", [3, 5])
-def test_the_fine_decode_buckets_match_the_numpy_backend(monkeypatch, rows):
-    """RATCHET_DECODE_BUCKETS=fine: decode steps in buckets of 3 and 6 rows (graphs captured
-    at those sizes, padding rows included) give the reference's logits."""
-    monkeypatch.setenv("RATCHET_DECODE_BUCKETS", "fine")
-    cfg, _, cuda, ref = _pair("a", "fp16")
-    assert cuda.buckets == [1, 2, 3, 4, 6, 8]
-    rng = np.random.default_rng(4)
-    slots = list(range(rows))
-    prompts = [rng.integers(0, cfg.vocab_size, 5 + 7 * i).tolist() for i in range(rows)]
-    want = np.stack([ref.prefill(s, p, 0) for s, p in zip(slots, prompts)])
-    cuda.prefill_batch(slots, prompts)
-    lengths, tokens = [len(p) for p in prompts], [int(np.argmax(w)) for w in want]
-    for _ in range(8):
-        got, want = cuda.decode(slots, tokens, lengths), ref.decode(slots, tokens, lengths)
-        assert rel_err(got, want) <= 2e-3
-        tokens, lengths = [int(t) for t in np.argmax(want, -1)], [n + 1 for n in lengths]
-
-
 @pytest.mark.parametrize("kind", ["a", "b"])
 def test_engine_greedy_tokens_match_numpy_but_near_ties(kind):
     """Greedy answers equal the NumPy engine's token for token, with log-probabilities within

@@ -73,17 +73,10 @@ def test_split_k_plan_and_its_kernel_instance():
     assert f"add_rmsnorm_warp<F16, {plan.SPLIT_K}>" in loader.expressions("rmsnorm")
 
 
-def test_decode_buckets_powers_of_two_and_the_fine_ladder(monkeypatch):
+def test_decode_buckets_are_the_powers_of_two_up_to_the_batch():
     from ratchet.engine.cuda.graphs import buckets_for
 
     assert buckets_for(64) == [1, 2, 4, 8, 16, 32, 64]
     assert buckets_for(100) == [1, 2, 4, 8, 16, 32, 64, 128]
-    fine = buckets_for(512, fine=True)
-    assert fine == [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512]
-    # no padding row beyond a third of a step's rows, where the powers of two allow half
-    assert all(next(b for b in fine if b >= n) <= 1.5 * n for n in range(1, 513))
-    assert buckets_for(96, fine=True) == [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128]
-    monkeypatch.setenv("RATCHET_DECODE_BUCKETS", "fine")
-    assert buckets_for(512) == fine
-    monkeypatch.setenv("RATCHET_DECODE_BUCKETS", "pow2")
     assert buckets_for(512) == [2 ** k for k in range(10)]
+    assert buckets_for(1) == [1]

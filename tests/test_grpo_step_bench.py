@@ -45,3 +45,16 @@ def test_the_exact_fix_overhead_pairs_each_exact_variant_with_its_fix_per_step_a
     assert set(got) == {"colocated:fp32:exact"}
     assert abs(got["colocated:fp32:exact"]["raw_median"] - 0.1) < 1e-12
     assert abs(got["colocated:fp32:exact"]["per_token"] - (2.2 / 800 / (2.0 / 1000) - 1)) < 1e-12
+
+
+def test_a_step_without_trained_tokens_leaves_the_gap_medians_defined():
+    """A step whose groups all scored alike logs no gap (NaN); the medians skip and count it."""
+    import numpy as np
+    import pandas as pd
+
+    gap = "mismatch/logprob_abs_diff_mean"
+    rows = pd.DataFrame({"step": range(6), "time/step_s": [9.0, 9.0, 1.0, 2.0, 3.0, 4.0],
+                         gap: [1.0, 1.0, 0.1, np.nan, 0.3, 0.2]})
+    got = grpo_step.step_medians(rows, steps=6)
+    assert got["median"]["time/step_s"] == 2.5 and got["median"][gap] == 0.2
+    assert got["steps_without_gap"] == 1

@@ -68,3 +68,14 @@ def test_the_readmes_sync_and_1_5b_eval_figures_are_the_records():
     assert f"**{100 * ev['same_verdict_share']:.1f}%** of problems" in text
     paired = ev["engine_minus_hf"]
     assert f"{100 * paired['diff']:.1f} ± {100 * paired['stderr']:.1f} pts ({paired['better']} problems better, {paired['worse']} worse)" in text
+
+
+def test_the_readmes_step_headline_is_the_records_same_call_pair():
+    text = (ROOT / "README.md").read_text()
+    rec = _record("h200-grpo-step.json")
+    speedup = rec["trl_vllm_step_s_median"] / rec["ratchet_step_s_median"]
+    assert abs(speedup - rec["speedup_vs_trl_vllm"]) < 1e-9
+    assert (f"the GRPO step is {speedup:.1f}x TRL 1.16 with vLLM colocated\n"
+            f"({rec['ratchet_step_s_median']:.2f} s against {rec['trl_vllm_step_s_median']:.2f} s") in text
+    assert f"**{rec['ratchet_step_s_median']:.3f} s** against TRL's **{rec['trl_vllm_step_s_median']:.2f} s: " \
+           f"{speedup:.1f}x**" in text

@@ -4,24 +4,16 @@ capture fails, steps run eagerly: the same kernels, the same results."""
 
 from __future__ import annotations
 
-import os
 import warnings
 
 
-def buckets_for(max_batch_size: int, fine: bool | None = None) -> list[int]:
+def buckets_for(max_batch_size: int) -> list[int]:
     """Decode batch sizes with a graph of their own: 1, 2, 4, ..., the first power of two
-    >= max_batch_size (a step runs in the smallest that holds its rows). `fine` (default:
-    RATCHET_DECODE_BUCKETS=fine) adds 3 x 2^k between them (3, 6, ..., 48, 96, ...): a step's
-    padding rows then cost at most a third of its rows, not half. Split on one GPU keeps
-    ~96 answers in flight (12 groups of 8), which the powers of two run at 128. An experiment,
-    not yet measured on a GPU."""
-    if fine is None:
-        fine = os.environ.get("RATCHET_DECODE_BUCKETS", "pow2") == "fine"
+    >= max_batch_size (a step runs in the smallest that holds its rows). Buckets at 3 x 2^k
+    too were measured and gave nothing (docs/KERNELS.md, ninth session)."""
     out = [1]
     while out[-1] < max_batch_size:
         out.append(out[-1] * 2)
-    if fine:
-        out = sorted(set(out) | {3 << k for k in range(out[-1].bit_length()) if 3 << k < out[-1]})
     return out
 
 
