@@ -16,6 +16,7 @@
 # and, with the model chunks assembled (dev/gpu/assemble-model.sh) and .cache/gsm8k carried:
 #   bash dev/gpu/vllm.sh bench           # python -m ratchet.bench.vs_vllm (h200-vllm.json)
 #   bash dev/gpu/vllm.sh shapes          # the same decode at 1.5B and 7B shapes, random weights
+#   ONLY_SHAPE=qwen2.5-7b bash dev/gpu/vllm.sh shapes                 # one of them
 #   bash dev/gpu/vllm.sh decompose 'ablate.engine_dtypes=[fp16]'   # ablate_decompose_vllm
 #   RUN=local-bf16 bash dev/gpu/vllm.sh decompose 'ablate.engine_dtypes=[bf16]'
 #   VARIANTS=split:fp16 GRPO_SET='train.micro_batch_size=64 train.attention=causal' bash dev/gpu/vllm.sh trl
@@ -48,11 +49,13 @@ install)
 test)
   python3 -m pytest -m gpu -q -s -p no:cacheprovider tests/test_vllm_gpu.py "${@:2}"
   ;;
-shapes)  # decode beside vLLM on random weights at Coder-1.5B's and 7B's shapes (no model files)
+shapes)  # decode beside vLLM on random weights at Coder-1.5B's and 7B's shapes (no model files);
+  # ONLY_SHAPE=qwen2.5-7b for one of them
   mkdir -p "$OUT/vllm" && export RATCHET_TRACKING=off && rc=0
   for run in "qwen2.5-coder-1.5b 64,512" "qwen2.5-7b 64,256"; do
     # shellcheck disable=SC2086  # a shape and its batches
     set -- $run
+    [ -n "${ONLY_SHAPE:-}" ] && [ "$1" != "$ONLY_SHAPE" ] && continue
     python3 -m ratchet.bench.vs_vllm --shape "$1" --batches "$2" --out "$OUT/vllm/h200-vllm-$1.json" \
       > "$OUT/vllm/vs_vllm-$1.txt" 2>&1 || rc=1
     grep "^\[vs_vllm\]" "$OUT/vllm/vs_vllm-$1.txt" || true; tail -3 "$OUT/vllm/vs_vllm-$1.txt"
