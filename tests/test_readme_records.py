@@ -79,3 +79,14 @@ def test_the_readmes_step_headline_is_the_records_same_call_pair():
             f"({rec['ratchet_step_s_median']:.2f} s against {rec['trl_vllm_step_s_median']:.2f} s") in text
     assert f"**{rec['ratchet_step_s_median']:.3f} s** against TRL's **{rec['trl_vllm_step_s_median']:.2f} s: " \
            f"{speedup:.1f}x**" in text
+
+
+def test_the_readmes_vllm_rows_at_larger_shapes_are_the_records():
+    text = (ROOT / "README.md").read_text()
+    beside = _record("h200-bench-1.5b.json")["vllm_beside"]
+    rows = [("Coder-1.5B, B = 64", beside, "b64"), ("Coder-1.5B, B = 512", beside, "b512"),
+            ("7B, B = 64", beside["qwen2.5_7b"], "b64"), ("7B, B = 256", beside["qwen2.5_7b"], "b256")]
+    for label, rec, b in rows:
+        ours, seeded, unseeded = (rec[f"{b}_{k}_ms"] for k in ("ratchet", "vllm_seeded", "vllm_unseeded"))
+        cells = [f"{x:.3g} ms" if x < 10 else f"{x:.1f} ms" for x in (ours, seeded, unseeded)]
+        assert f"| {label} | {' | '.join(cells)} | {seeded / ours:.2g}x |" in text, label
