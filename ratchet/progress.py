@@ -39,8 +39,10 @@ class Progress:
     (their own durations when given: a resumed run replays its earlier steps' rows at once)."""
 
     def __init__(self, label: str, total: int, unit: str = "step", every_s: float = 5.0,
-                 window: int = 10, stream: TextIO | None = None, clock=time.monotonic):
+                 window: int = 10, stream: TextIO | None = None, clock=time.monotonic,
+                 units: str | None = None):
         self.label, self.total, self.unit, self.every_s = label, total, unit, every_s
+        self.units = units or unit + "s"  # the plural, where "s" is not it (batch, batches)
         self.stream, self.clock, self.window = stream, clock, window
         self.durations: list[float] = []
         self.last_done, self.last_time = 0, clock()
@@ -58,10 +60,10 @@ class Progress:
         if done < self.total and self.printed is not None and now - self.printed < self.every_s:
             return None
         self.printed = now
-        line = f"[{self.label}] {done}/{self.total} {self.unit}s ({100 * done / max(self.total, 1):.0f}%)"
+        line = f"[{self.label}] {done}/{self.total} {self.units} ({100 * done / max(self.total, 1):.0f}%)"
         per_unit = sum(self.durations) / len(self.durations) if self.durations else 0.0
         if per_unit > 0:
-            line += f", {1 / per_unit:.2f} {self.unit}s/s" if per_unit <= 1 else f", {per_unit:.1f} s/{self.unit}"
+            line += f", {1 / per_unit:.2f} {self.units}/s" if per_unit <= 1 else f", {per_unit:.1f} s/{self.unit}"
             if done < self.total:
                 line += f", ETA {_duration((self.total - done) * per_unit)}"
         if note:

@@ -53,3 +53,13 @@ def test_the_ablation_runs_take_the_profiles_train_settings():
     assert tis.is_correction == "tis" and not tis.round_weights
     assert exact.round_weights and exact.exact_forward
     assert none.max_new_tokens == schema_default(("ablate", "max_new_tokens"))
+
+
+def test_the_ablation_runs_keep_their_own_arithmetic_whatever_the_trainings_use():
+    """train.compute_dtype fp16 speeds the trainings up; the remedies stay defined against an
+    fp32 forward unless ablate.compute_dtype says otherwise."""
+    settings = AblateSettings.from_config(validate({"train": {"compute_dtype": "fp16"}}))
+    assert settings.train.compute_dtype == "fp16"
+    assert {settings.grpo(run).compute_dtype for run in ("none", "fix", "exact", "tis", "mis")} == {"fp32"}
+    bf16 = AblateSettings.from_config(validate({"train": {"compute_dtype": "fp16"}, "ablate": {"compute_dtype": "bf16"}}))
+    assert bf16.grpo("fix").compute_dtype == "bf16"

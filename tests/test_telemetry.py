@@ -92,3 +92,42 @@ def test_the_gap_by_token_probability_bucket():
     assert "mismatch/by_prob/p_0.5_to_0.9/token_share" not in m  # no token there
     shares = [v for k, v in m.items() if k.endswith("token_share")]
     assert sum(shares) == pytest.approx(1.0)
+
+
+def test_tensors_of_one_flat_buffer_are_summed_in_place_with_the_same_checksums():
+    """Tensors at one stride in one buffer (the flat CUDA masters, the engine's buffers) are
+    viewed as rows of that buffer rather than stacked into a copy; the checksums and the
+    shares a sync reports are those of the stacked copies, and separate tensors still stack."""
+    from test_engine import tiny_model
+
+    from ratchet.model.checksum import block_checksums, rows_of
+    from ratchet.rl.telemetry import SyncTelemetry, _rows, torch_checksums
+    from ratchet.trainer.policy import Policy
+
+    flat = np.random.default_rng(0).integers(-2 ** 15, 2 ** 15, 70_000, dtype=np.int16)
+    views = [flat[1000 + i * 9000:1000 + i * 9000 + 7000] for i in range(6)]
+    copies = [v.copy() for v in views]
+    assert np.shares_memory(rows_of(views, np), flat) and not np.shares_memory(rows_of(copies, np), copies[0])
+    assert block_checksums(views, np) == block_checksums(copies, np)
+    t = torch.from_numpy(flat.copy())
+    shaped = [t[1000 + i * 9000:1000 + i * 9000 + 7000].view(70, 100) for i in range(6)]
+    rows = _rows(shaped)
+    assert rows.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
+    assert torch.equal(rows, torch.stack(shaped))
+    assert torch_checksums(shaped) == torch_checksums([s.clone() for s in shaped]) == block_checksums(views, np)
+
+    model = tiny_model()
+    apart, flat_policy = (Policy.from_weights(model.cfg, model.weights) for _ in range(2))
+    flat_policy.flatten_masters()  # as on CUDA: every parameter a view of one buffer
+    flat_policy.load_weights(model.weights)
+    assert flat_policy.flat_weights() is not None and apart.flat_weights() is None
+    telemetry = [SyncTelemetry(p, "fp16") for p in (apart, flat_policy)]
+    for step in range(2):
+        found = [m.measure(p) for m, p in zip(telemetry, (apart, flat_policy))]
+        assert found[0][1] == found[1][1]
+        assert {k: v for k, v in found[0][0].items() if not k.startswith("time/")} == \
+            {k: v for k, v in found[1][0].items() if not k.startswith("time/")}
+        with torch.no_grad():
+            for p in (apart, flat_policy):
+                for w in p.parameters():
+                    w.add_(torch.full_like(w, 3e-3))

@@ -43,6 +43,7 @@ class AblateSettings:
     mis_low: float
     mis_high: float
     micro_batch_size: int
+    compute_dtype: str  # the runs' trainer arithmetic (ablate.compute_dtype, not train's)
     max_steps_per_update: int
     eval_problems: int | None
     batch_invariant: bool  # the ablations' engines (see Setup.batch_invariant)
@@ -83,7 +84,7 @@ class AblateSettings:
                       temperature=self.temperature, lr=self.lr, clip_eps_low=self.eps,
                       clip_eps_high=self.eps, tis_cap=self.tis_cap, mis_low=self.mis_low,
                       mis_high=self.mis_high, micro_batch_size=self.micro_batch_size,
-                      seed=self.seed, engine_dtype=self.engine_dtype,
+                      compute_dtype=self.compute_dtype, seed=self.seed, engine_dtype=self.engine_dtype,
                       is_correction="none", round_weights=False, exact_forward=False)
         return dataclasses.replace(self.train, **{**ablate, **FIX_RUNS[run]})
 

@@ -41,9 +41,15 @@ def trainer_logprobs(policy, requests: list[Request], temperature: float = 1.0,
 
 def exact_logprobs(engine, requests: list[Request], temperature: float = 1.0,
                    batch_size: int | None = None) -> np.ndarray:
-    """The same tokens scored by the engine itself (teacher forcing on its current weights,
-    in groups of `batch_size`), concatenated in request order: the exact fix's forward."""
+    """The same tokens scored by the engine itself (teacher forcing on its current weights),
+    concatenated in request order: the exact fix's forward. A batch-invariant engine scores
+    them all at once (as many as it holds): its bits are the same in any grouping, and a
+    teacher-forced decode step costs the same for 8 answers as for 64 (its one bucket).
+    Another engine (vLLM) scores in groups of `batch_size`, whose bits are part of what it
+    measures."""
     kept = [r for r in requests if r.output]
+    if getattr(engine, "batch_invariant", False):
+        batch_size = None
     lps = engine.score([r.prompt for r in kept], [r.output for r in kept], temperature, batch_size)
     return np.concatenate([np.asarray(x, dtype=np.float64) for x in lps]) if kept else np.zeros(0)
 

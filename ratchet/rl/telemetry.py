@@ -6,6 +6,7 @@ TRL and NeMo users have hit, sets `sync/weights_parity` to 0 and names the first
 from __future__ import annotations
 
 import time
+from itertools import pairwise
 
 import torch
 
@@ -22,7 +23,7 @@ def torch_checksums(tensors) -> list[tuple[int, int]]:
         groups.setdefault(t.numel(), []).append(i)
     tables, order = [], []
     for idx in groups.values():
-        tables.append(_stacked_sums(torch.stack([_words(tensors[i]) for i in idx])))
+        tables.append(_stacked_sums(_rows([_words(tensors[i]) for i in idx])))
         order += idx
     out: list = [None] * len(tensors)
     for i, (within, across) in zip(order, torch.cat(tables).tolist() if tables else []):
@@ -36,6 +37,24 @@ def torch_checksum(tensor) -> tuple[int, int]:
 
 def _words(tensor) -> torch.Tensor:
     return tensor.detach().contiguous().reshape(-1).view(torch.int16)
+
+
+def _rows(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """[g, *shape]: tensors of one shape and dtype as one. Where they are views of one storage
+    at one stride (a layer's tensor in the flat CUDA masters), a strided view of it, each
+    row exactly one tensor's elements: no copy of the model on every sync (ratchet.model.
+    checksum.rows_of is the same for the engine's arrays); otherwise a stacked copy."""
+    first = tensors[0]
+    storage = first.untyped_storage().data_ptr()
+    if len(tensors) > 1 and all(t.is_contiguous() and t.dtype == first.dtype
+                                and t.untyped_storage().data_ptr() == storage for t in tensors):
+        size = first.element_size()
+        starts = [t.data_ptr() for t in tensors]
+        step = starts[1] - starts[0]
+        if (step >= first.numel() * size and step % size == 0
+                and all(b - a == step for a, b in pairwise(starts))):
+            return first.as_strided((len(tensors), *first.shape), (step // size, *first.stride()))
+    return torch.stack(tensors)
 
 
 def _stacked_sums(stacked: torch.Tensor) -> torch.Tensor:
@@ -78,7 +97,7 @@ class SyncTelemetry:
         weights = policy.export_weights()
         counts, tables, rounded, total = [], [], {}, 0
         for shape, names in self.groups.items():
-            masters = torch.stack([weights[n].detach() for n in names])  # [g, *shape]
+            masters = _rows([weights[n].detach() for n in names])  # [g, *shape]
             r = rounded[shape] = masters.to(self.dtype)
             counts.append(torch.stack([torch.count_nonzero(r != self.last[shape]),
                                        torch.count_nonzero(r.float() != masters)]))

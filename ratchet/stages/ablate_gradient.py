@@ -26,7 +26,7 @@ def ablate_gradient(cfg: dict, run) -> None:
     setup, settings = make_setup(cfg)
     start = time.perf_counter()
     batches = [(d, u) for d in settings.engine_dtypes for u in settings.gradient_updates]
-    progress = Progress("ablate_gradient", len(batches), unit="batch")
+    progress = Progress("ablate_gradient", len(batches), unit="batch", units="batches")
 
     def log(dtype, updates, rows):
         progress.update(batches.index((dtype, updates)) + 1, f"{dtype} after {updates} updates")
