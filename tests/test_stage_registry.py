@@ -69,3 +69,14 @@ def test_every_gpu_rule_takes_the_profiles_gpu_job_slots(tmp_path):
                 taken.setdefault(slots, {})[rule] = int(m.group(1))
     assert {"train_colocated", "train_split", "ablate_decompose", "eval_baseline"} <= set(taken[1])
     assert set(taken[1].values()) == {1} and set(taken[2].values()) == {2} and set(taken[1]) == set(taken[2])
+
+
+def test_a_change_to_the_train_section_reruns_the_ablations_that_take_its_knobs():
+    """The ablation runs are the train section's GRPO settings with ablate's over them
+    (AblateSettings.train: its token cut, attention, AdamW's betas, ...): a change there must
+    change their rules' params, so Snakemake reruns them."""
+    base = validate({})
+    cut = validate({"train": {"micro_batch_tokens": 4096}})
+    for stage in ("ablate_decompose", "ablate_fix", "ablate_gradient", "ablate_learning_run"):
+        assert registry.settings(stage, base) != registry.settings(stage, cut), stage
+    assert registry.settings("report", base) == registry.settings("report", cut)

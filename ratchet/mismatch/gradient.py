@@ -1,8 +1,8 @@
 """ablate_gradient: what the gap does to the gradient. On one fresh batch of the engine's
 rollouts, the policy gradient of every variant (GRADIENT_VARIANTS) against the on-policy one,
-along one plain GRPO run per engine dtype; no optimiser step is taken, and the run's own
-rollouts are not touched (the batch comes from a Rollouts of its own seed, on an engine of
-its own synced from the same masters).
+along one plain GRPO run (the pipeline's engine samples it, as in the decomposition); no
+optimiser step is taken, and the run's own rollouts are not touched (each dtype's batch comes
+from a Rollouts of its own seed, on an engine of its own synced from the same masters).
 
 The gradient is update()'s (backward_loss over the whole batch as one mini-batch), before
 its norm is clipped: every parameter, flattened, compared in float64."""
@@ -126,18 +126,21 @@ def batch_rows(policy, engine, groups: list, task, settings: AblateSettings) -> 
 
 def gradient_errors(setup: Setup, settings: AblateSettings, log=None) -> pd.DataFrame:
     """One row per (engine dtype, update count of `settings.gradient_updates`, variant), along
-    one plain GRPO run per engine dtype (its engine samples its rollouts); `log(dtype,
-    updates, rows)` after each batch."""
+    one plain GRPO run sampled by the pipeline's engine, as the decomposition measures: after
+    each count, every engine dtype's own engine is synced from the same masters and draws its
+    own fresh batch (a trajectory per dtype cost a second run's steps for masters that differ
+    only in which engine drew the run's rollouts). `log(dtype, updates, rows)` after each batch."""
     from ratchet.rl.sync import sync_weights
 
     rows = []
-    for dtype in settings.engine_dtypes:
-        traj = Trajectory(setup, dataclasses.replace(settings.grpo("none"), engine_dtype=dtype))
-        engine = setup.engine(dtype)  # the batch's own: the run's engine keeps its state
-        for updates in settings.gradient_updates:
-            traj.advance_to(updates, settings.max_steps_per_update)
+    traj = Trajectory(setup, settings.grpo("none"))
+    engines = {dtype: setup.engine(dtype) for dtype in settings.engine_dtypes}  # the batches' own
+    for updates in settings.gradient_updates:
+        traj.advance_to(updates, settings.max_steps_per_update)
+        for dtype, engine in engines.items():
             sync_weights(engine, traj.policy)
-            groups = fresh_groups(engine, setup.task, traj.cfg, settings.seed + SEED_OFFSET + updates,
+            cfg = dataclasses.replace(traj.cfg, engine_dtype=dtype)
+            groups = fresh_groups(engine, setup.task, cfg, settings.seed + SEED_OFFSET + updates,
                                   settings.max_steps_per_update)
             found = [{"updates": updates, "steps": traj.step, **r}
                      for r in batch_rows(traj.policy, engine, groups, setup.task, settings)]
