@@ -122,13 +122,14 @@ def straight_through(values: torch.Tensor, lp: torch.Tensor) -> torch.Tensor:
 
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
                 mask: torch.Tensor, weights: torch.Tensor, num_tokens: int | float,
-                eps_low: float = 0.2, eps_high: float = 0.2) -> tuple[torch.Tensor, dict]:
+                eps_low: float = 0.2, eps_high: float = 0.2) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The clipped objective, weighted, summed over this micro-batch's tokens and divided by
-    `num_tokens` (the tokens of the whole batch). Returns (loss, sums for the metrics)."""
+    `num_tokens` (the tokens of the whole batch). Returns (loss, sums for the metrics), the
+    sums as 0-d tensors on logp's device: a float() here would make the host wait for the GPU
+    after every micro-batch (update reads them once a mini-batch)."""
     per_token, clipped = clipped_objective(logp, old_logp, advantages, eps_low, eps_high)  # [B, T]
     maskf = mask.to(logp.dtype)
     loss = (per_token * weights * maskf).sum() / num_tokens
     with torch.no_grad():
-        sums = {"clipped": float((clipped & mask).sum()),
-                "ratio": float((torch.exp(logp - old_logp) * maskf).sum())}
+        sums = {"clipped": (clipped & mask).sum(), "ratio": (torch.exp(logp - old_logp) * maskf).sum()}
     return loss, sums

@@ -12,6 +12,7 @@ from ratchet.rl.experience import Experience, make_experience, pad
 from ratchet.rl.loss import correction_weights, policy_loss
 from ratchet.rl.rollout import Group
 from ratchet.rl.settings import GRPOConfig
+from ratchet.trainer.policy import to_device
 
 
 def grpo_step(policy, optimizer, groups: list[Group], task, cfg: GRPOConfig, version: int,
@@ -88,7 +89,8 @@ def forwards(policy, exp: Experience, rows, cfg: GRPOConfig, with_entropy: bool)
                                               temperature=cfg.temperature, weight_dtype=cfg.weight_dtype,
                                               compute_dtype=cfg.compute_dtype, with_entropy=with_entropy,
                                               attention=cfg.attention)
-        yield mb, exp.forward_values(lp, mb), mask, ent
+        index = to_device(torch.tensor(mb, dtype=torch.long), exp.mask.device)  # not a list: its
+        yield index, exp.forward_values(lp, index), mask, ent  # upload would wait for the GPU
 
 
 def score(policy, exp: Experience, cfg: GRPOConfig) -> None:
@@ -122,10 +124,15 @@ def update(policy, optimizer, exp: Experience, cfg: GRPOConfig, comm: Comm, scor
         if num_tokens == 0:
             continue  # every worker sees the same global count, so all skip together
         optimizer.zero_grad(set_to_none=False)
-        for loss, sums in backward_loss(policy, exp, minibatch.tolist(), num_tokens, cfg, scored, scale):
+        queued = [torch.stack([loss.double(), sums["clipped"].double(), sums["ratio"].double()])
+                  for loss, sums in backward_loss(policy, exp, minibatch.tolist(), num_tokens, cfg, scored,
+                                                  scale)]
+        # read back once, after every micro-batch's backward is queued (the same floats, in the
+        # same order, as reading each as it came, without the GPU idling at every read)
+        for loss, clipped, ratio in (torch.stack(queued).tolist() if queued else []):  # a worker may hold none
             totals["loss"] += loss / len(minibatches)
-            totals["clipped"] += sums["clipped"]
-            totals["ratio"] += sums["ratio"]
+            totals["clipped"] += clipped
+            totals["ratio"] += ratio
         comm.sum_grads(params)
         if scale != 1.0:
             torch._foreach_div_([p.grad for p in params], scale)
@@ -144,7 +151,7 @@ def backward_loss(policy, exp: Experience, rows: list[int], num_tokens: float, c
     """The loss of `rows` (`num_tokens`: their token count on all workers) backwarded micro-batch
     by micro-batch into the parameters' .grad, times `scale` (loss_scale); yields (loss, sums)
     after each. Unless `scored`, each micro-batch's forward is its scoring one: it fills the
-    trainer's side of `exp`."""
+    trainer's side of `exp`. Yields (loss, sums) as 0-d tensors."""
     for mb, lp, mask, ent in forwards(policy, exp, rows, cfg, with_entropy=not scored):
         t = lp.shape[1]  # [b, t]
         if scored:
@@ -158,7 +165,7 @@ def backward_loss(policy, exp: Experience, rows: list[int], num_tokens: float, c
         loss, sums = policy_loss(lp, old, exp.advantages[mb], mask, weights, num_tokens,
                                  cfg.clip_eps_low, cfg.clip_eps_high)
         (loss * scale if scale != 1.0 else loss).backward()
-        yield float(loss.detach()), sums
+        yield loss.detach(), sums  # tensors: reading them here would stall the GPU's queue
 
 
 def step_metrics(exp: Experience, totals: dict, cfg: GRPOConfig, comm: Comm) -> dict[str, float]:

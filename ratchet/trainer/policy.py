@@ -96,6 +96,17 @@ class PackedBatch:
     response_mask: torch.Tensor  # [B, Rmax] bool
 
 
+def to_device(t: torch.Tensor, device) -> torch.Tensor:
+    """A host tensor on `device`. To a GPU through pinned memory, without waiting: a plain
+    upload from pageable memory waits for every kernel already queued (the last micro-batch's
+    backward), so the host could not prepare the next pass while the GPU runs this one. The
+    caching host allocator keeps the pinned block until the copy is done."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 def pack(prompts: list[list[int]], responses: list[list[int]], device) -> PackedBatch:
     if len(prompts) != len(responses):
         raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
@@ -115,10 +126,10 @@ def pack(prompts: list[list[int]], responses: list[list[int]], device) -> Packed
         positions += range(len(prompt) - 1, len(prompt) - 1 + n)
         targets += response
         index += range(n)
-    as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731
+    as_long = lambda xs: to_device(torch.tensor(xs, dtype=torch.long), device)  # noqa: E731
     response_mask = torch.arange(r_max)[None, :] < torch.tensor([len(r) for r in responses])[:, None]
-    return PackedBatch(ids.to(device), attention.to(device), as_long(rows), as_long(positions),
-                       as_long(targets), as_long(index), response_mask.to(device))
+    return PackedBatch(to_device(ids, device), to_device(attention, device), as_long(rows), as_long(positions),
+                       as_long(targets), as_long(index), to_device(response_mask, device))
 
 
 def head_chunk(h: torch.Tensor, head_weight: torch.Tensor, targets: torch.Tensor,
