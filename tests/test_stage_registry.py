@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from ratchet.config import validate
 from ratchet.paths import RunPaths
 from ratchet.stages import STAGES, registry
@@ -18,13 +20,20 @@ ROOT = Path(__file__).resolve().parents[1]
 NOT_STAGES = {"all", "resolved_config"}  # the target, and the config dump (`ratchet config`)
 
 
-def _dry_run(workdir: Path) -> dict[str, dict[str, set[str]]]:
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory) -> subprocess.CompletedProcess:
+    """Snakemake's dry run of every target, with Python's import timings on stderr."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RATCHET_", "MLFLOW_"))}
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"),
+    workdir = tmp_path_factory.mktemp("dry_run")
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"),
                            "--directory", str(workdir), "-n", "--cores", "1", "--", "all", "bench", "ablate_learning", "ablate_decompose_vllm",
                            "resolved_config"], capture_output=True, text=True, env={**env, "RATCHET_TRACKING": "off"},
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def _rules(proc: subprocess.CompletedProcess) -> dict[str, dict[str, set[str]]]:
     rules, current = {}, None
     for line in proc.stdout.splitlines():
         if m := re.match(r"^(?:local)?rule (\w+):", line):
@@ -34,8 +43,8 @@ def _dry_run(workdir: Path) -> dict[str, dict[str, set[str]]]:
     return rules
 
 
-def test_rules_and_registry_name_the_same_paths(tmp_path):
-    rules = _dry_run(tmp_path)
+def test_rules_and_registry_name_the_same_paths(dry_run):
+    rules = _rules(dry_run)
     assert set(rules) - NOT_STAGES == set(STAGES)
     cfg = validate({})
     paths = RunPaths.from_config(cfg)
@@ -48,6 +57,15 @@ def test_rules_and_registry_name_the_same_paths(tmp_path):
             assert any(path == out or path.startswith(out + "/") for out in declared["output"]), (name, path)
         for out in declared["output"]:  # and no output is missing from the registry
             assert any(w == out or w.startswith(out + "/") for w in writes), (name, out)
+
+
+def test_reading_the_workflow_imports_no_torch(dry_run):
+    """Snakemake reads the Snakefile at its start, and again in every job of a cluster run:
+    torch (~3 s to import) is the stages' business, not the workflow's."""
+    imported = {line.split("|")[-1].strip() for line in dry_run.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert "ratchet.config" in imported  # the timings are there to read
+    assert "torch" not in imported, "the workflow's imports reach torch"
 
 
 def test_every_gpu_rule_takes_the_profiles_gpu_job_slots(tmp_path):

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from ratchet.rl.loss import ADVANTAGE_SCALES, IS_LEVELS, POLICY_LOSSES
-
 # the fields read from `train.split` rather than `train`, and those from outside `train`
 _SPLIT_KEYS = ("ahead", "extra_groups", "max_staleness", "engine_in")
 _OUTSIDE_TRAIN = {"seed": ("seed",), "engine_dtype": ("engine", "dtype")}
@@ -62,6 +60,10 @@ class GRPOConfig:
     engine_dtype: str
 
     def __post_init__(self):
+        # here, not at the top: the loss module imports torch, and the Snakefile imports this
+        # module (through ratchet.mismatch) at every Snakemake start, each cluster job's included
+        from ratchet.rl.loss import ADVANTAGE_SCALES, IS_LEVELS, POLICY_LOSSES
+
         self.betas = tuple(self.betas)
         checks = [
             (self.steps >= 1, "steps must be >= 1"),
