@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -68,3 +69,48 @@ def _torch_determinism_restored():
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.use_deterministic_algorithms(was)
+
+
+PREPARE = ("download_model", "download_data", "convert_weights", "build_engine")
+
+
+@pytest.fixture(scope="session")
+def _prepared_results(tmp_path_factory) -> Path:
+    """The default profile's stages before training (its model, data and built engine), run
+    once a session (once per xdist worker) with tracking off."""
+    from ratchet import config as config_mod
+    from ratchet.stages import run_stage
+
+    results = tmp_path_factory.mktemp("prepared") / "results"
+    cfg = config_mod.load(ROOT / "config" / "config.yaml", [f"results_dir={results}"])
+    tracking = os.environ.get("RATCHET_TRACKING")
+    os.environ["RATCHET_TRACKING"] = "off"
+    try:
+        for stage in PREPARE:
+            run_stage(stage, cfg)
+    finally:
+        if tracking is None:
+            os.environ.pop("RATCHET_TRACKING")
+        else:
+            os.environ["RATCHET_TRACKING"] = tracking
+    return results
+
+
+@pytest.fixture(scope="session")
+def prepare(_prepared_results):
+    """prepare(results, *overrides) -> cfg: the default profile with `overrides` (none that
+    change the stages before training: model, data, convert, engine), results_dir `results`,
+    holding a copy of the session's prepared model, data and engine build, with tracking off
+    (os.environ, as the stages read it) as a training run by hand has it."""
+    from ratchet import config as config_mod
+
+    def prepare(results: Path, *overrides: str) -> dict:
+        os.environ["RATCHET_TRACKING"] = "off"
+        cfg = config_mod.load(ROOT / "config" / "config.yaml", [f"results_dir={results}", *overrides])
+        changed = {k for k in ("model", "data", "convert", "engine", "seed", "run_name")
+                   if cfg[k] != config_mod.load(ROOT / "config" / "config.yaml")[k]}
+        assert not changed, f"prepare: overrides of {sorted(changed)} need stages run afresh"
+        shutil.copytree(_prepared_results, results, symlinks=True)
+        return cfg
+
+    return prepare

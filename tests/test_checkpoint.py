@@ -24,16 +24,6 @@ from ratchet.rl.checkpoint import (clean_temporaries, latest_checkpoint, list_ch
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def prepare(results: Path, *overrides: str) -> dict:
-    from ratchet.stages import run_stage
-
-    os.environ["RATCHET_TRACKING"] = "off"
-    cfg = config_mod.load(ROOT / "config" / "config.yaml", [f"results_dir={results}", *overrides])
-    for stage in ("download_model", "download_data", "convert_weights", "build_engine"):
-        run_stage(stage, cfg)  # a training run by hand checks its inputs: the built engine too
-    return cfg
-
-
 # ---------------------------------------------------------------------------- files
 def test_save_load_latest_and_pruning(tmp_path):
     tensors = {"policy": {"a.weight": torch.randn(3, 4)}, "rng": {"torch_cpu": torch.get_rng_state()}}
@@ -130,7 +120,7 @@ def sigkill_and_resume(tmp_path: Path, cfg: dict, profile: Path, mode: str, over
 
 
 @pytest.mark.slow
-def test_sigkilled_training_resumes_to_the_same_weights(tmp_path):
+def test_sigkilled_training_resumes_to_the_same_weights(tmp_path, prepare):
     steps, every = 10, 2
     overrides = (f"train.steps={steps}", f"train.checkpoint_every={every}", "train.eval_every=0",
                  "train.problems_per_step=8")
@@ -165,7 +155,7 @@ def test_sigkilled_gpu_training_of_the_real_model_resumes_to_the_same_weights(tm
 
 
 @pytest.mark.slow
-def test_split_resumes_from_an_older_checkpoint_bit_exactly(tmp_path):
+def test_split_resumes_from_an_older_checkpoint_bit_exactly(tmp_path, prepare):
     """The split loop restarted from the checkpoint of step 2 (trainer state, the batch the
     engine had already generated, the engine's weights and unfinished rollouts) replays the
     rest of the run exactly."""

@@ -14,26 +14,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ratchet import config as config_mod
 from ratchet.paths import RunPaths
 
 ROOT = Path(__file__).resolve().parents[1]
-PREPARE = ("download_model", "download_data", "convert_weights", "build_engine")
-
-
-def prepare(results: Path, *overrides: str) -> dict:
-    """The default profile under `results`, with its model and data made by the stages."""
-    from ratchet.stages import run_stage
-
-    os.environ["RATCHET_TRACKING"] = "off"
-    cfg = config_mod.load(ROOT / "config" / "config.yaml", [f"results_dir={results}", *overrides])
-    for stage in PREPARE:
-        run_stage(stage, cfg)
-    return cfg
 
 
 @pytest.fixture(scope="module")
-def cfg(tmp_path_factory):
+def cfg(tmp_path_factory, prepare):
     return prepare(tmp_path_factory.mktemp("grpo") / "results")
 
 
@@ -334,7 +321,7 @@ def test_verify_reports_identical_reruns(cfg, tmp_path):
 
 
 @pytest.mark.slow
-def test_tiny_default_learns_in_both_modes(tmp_path):
+def test_tiny_default_learns_in_both_modes(tmp_path, prepare):
     """The default profile, as the pipeline runs it (`python -m ratchet train_<mode>`, the two
     modes at the same time, as the split trainer mostly waits on its engine): greedy accuracy
     on the synthetic test split rises from the baseline by over 0.3, and by over 5 standard

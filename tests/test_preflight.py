@@ -104,17 +104,17 @@ def test_checkpoints_already_written_count_as_held(tmp_path):
 
 
 @pytest.mark.parametrize("mode", ["colocated", "split"])
-def test_a_training_kept_to_no_checkpoints_writes_none_and_one_that_keeps_them_does(tmp_path, monkeypatch, mode):
+def test_a_training_kept_to_no_checkpoints_writes_none_and_one_that_keeps_them_does(tmp_path, monkeypatch, prepare,
+                                                                                   mode):
     from ratchet.paths import RunPaths
     from ratchet.rl.checkpoint import list_checkpoints
     from ratchet.stages import run_stage
 
     monkeypatch.setenv("RATCHET_TRACKING", "off")
     for keep, expected in ((0, 0), (1, 1)):
-        cfg = validate({"results_dir": str(tmp_path / f"keep{keep}"),
-                        "train": {"steps": 4, "checkpoint_every": 2, "eval_every": 0, "keep_checkpoints": keep}})
-        for stage in ("download_model", "download_data", "convert_weights", "build_engine", f"train_{mode}"):
-            run_stage(stage, cfg)
+        cfg = prepare(tmp_path / f"keep{keep}", "train.steps=4", "train.checkpoint_every=2", "train.eval_every=0",
+                      f"train.keep_checkpoints={keep}")
+        run_stage(f"train_{mode}", cfg)
         paths = RunPaths.from_config(cfg)
         assert paths.train_summary(mode).is_file()
         assert len(list_checkpoints(paths.train_dir(mode) / "checkpoints")) == expected
