@@ -79,9 +79,10 @@ def _cli(mode: str, profile: Path, results: Path, *overrides: str) -> list[str]:
 
 
 def sigkill_and_resume(tmp_path: Path, cfg: dict, profile: Path, mode: str, overrides: tuple, steps: int,
-                       every: int) -> None:
+                       every: int, alongside: bool = False) -> None:
     """`python -m ratchet train_<mode>`, killed with SIGKILL at a random step and rerun, ends
-    with the weights, model file and trace of an uninterrupted run (prepared under `results`)."""
+    with the weights, model file and trace of an uninterrupted run (prepared under `results`);
+    `alongside`: the uninterrupted run goes on at the same time (the CPU's second core)."""
     from ratchet.paths import RunPaths
 
     env = {**os.environ, "RATCHET_TRACKING": "off"}
@@ -90,9 +91,11 @@ def sigkill_and_resume(tmp_path: Path, cfg: dict, profile: Path, mode: str, over
     # the uninterrupted run, elsewhere (a copy of the prepared model and data)
     other = tmp_path / "other"
     shutil.copytree(results, other, symlinks=True)
-    subprocess.run(_cli(mode, profile, other, *overrides), env=env, check=True, capture_output=True, timeout=1200)
-    other_dir = other / cfg["run_name"] / "train" / mode
-    reference = json.loads((other_dir / "summary.json").read_text())
+    with open(tmp_path / "uninterrupted.log", "w") as log:  # a file: a pipe left unread could fill
+        uninterrupted = subprocess.Popen(_cli(mode, profile, other, *overrides), env=env, stdout=log,
+                                         stderr=subprocess.STDOUT)
+    if not alongside:
+        _finished(uninterrupted, tmp_path / "uninterrupted.log")
 
     # a random step with a checkpoint behind it and steps left after it
     kill_after = random.Random(os.getpid()).randrange(every + 1, steps - 1)
@@ -111,6 +114,9 @@ def sigkill_and_resume(tmp_path: Path, cfg: dict, profile: Path, mode: str, over
     done = subprocess.run(_cli(mode, profile, results, *overrides), env=env, check=True,
                           capture_output=True, text=True, timeout=1200)
     assert "resumed from" in done.stdout
+    _finished(uninterrupted, tmp_path / "uninterrupted.log")
+    other_dir = other / cfg["run_name"] / "train" / mode
+    reference = json.loads((other_dir / "summary.json").read_text())
     resumed = json.loads(paths.train_summary(mode).read_text())
     assert resumed["weights_sha256"] == reference["weights_sha256"]
     assert resumed["model_sha256"] == reference["model_sha256"]
@@ -119,13 +125,18 @@ def sigkill_and_resume(tmp_path: Path, cfg: dict, profile: Path, mode: str, over
     assert len(pd.read_parquet(paths.train_metrics(mode))) == steps
 
 
+def _finished(proc: subprocess.Popen, log: Path) -> None:
+    assert proc.wait(timeout=1200) == 0, log.read_text()[-3000:]
+
+
 @pytest.mark.slow
 def test_sigkilled_training_resumes_to_the_same_weights(tmp_path, prepare):
     steps, every = 10, 2
     overrides = (f"train.steps={steps}", f"train.checkpoint_every={every}", "train.eval_every=0",
                  "train.problems_per_step=8")
     cfg = prepare(tmp_path / "results", *overrides)
-    sigkill_and_resume(tmp_path, cfg, ROOT / "config" / "config.yaml", "colocated", overrides, steps, every)
+    sigkill_and_resume(tmp_path, cfg, ROOT / "config" / "config.yaml", "colocated", overrides, steps, every,
+                       alongside=True)
 
 
 REAL_MODEL = ROOT / ".cache" / "real" / "qwen2.5-coder-0.5b-instruct.gguf"
