@@ -19,16 +19,24 @@ SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 FIRST_HALF = ["download_model", "download_data", "convert_weights", "build_engine", "eval_baseline"]
 
 
-def snakemake(workdir: Path, *args: str, check: bool = True, tracking: str = "on") -> subprocess.CompletedProcess:
+def start_snakemake(workdir: Path, *args: str, tracking: str = "on") -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items()
            if k not in ("MLFLOW_TRACKING_URI", "RATCHET_PIPELINE_ID", "RATCHET_CONFIG_JSON")}
     env["RATCHET_TRACKING"] = tracking
     cmd = [*SNAKEMAKE, "--snakefile", str(ROOT / "Snakefile"), "--directory", str(workdir),
            "--configfile", str(ROOT / "config" / "config.yaml"), "--cores", "2", *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def finish(proc: subprocess.Popen, check: bool = True) -> subprocess.CompletedProcess:
+    out, err = proc.communicate(timeout=900)
     if check and proc.returncode != 0:
-        raise AssertionError(f"snakemake failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-    return proc
+        raise AssertionError(f"snakemake failed ({proc.returncode}):\n{err[-4000:]}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def snakemake(workdir: Path, *args: str, check: bool = True, tracking: str = "on") -> subprocess.CompletedProcess:
+    return finish(start_snakemake(workdir, *args, tracking=tracking), check)
 
 
 def outputs_mtimes(results: Path) -> dict[str, float]:
@@ -39,15 +47,24 @@ def outputs_mtimes(results: Path) -> dict[str, float]:
 
 
 @pytest.fixture(scope="module")
-def pipeline(tmp_path_factory):
-    work = tmp_path_factory.mktemp("pipeline")
-    proc = snakemake(work, "--", *FIRST_HALF)
-    return work, proc
+def first_halves(tmp_path_factory) -> tuple[Path, Path]:
+    """The first half in two working directories, with MLflow tracking and without, run side
+    by side (most of its jobs wait on the one before)."""
+    tracked, untracked = tmp_path_factory.mktemp("pipeline"), tmp_path_factory.mktemp("untracked")
+    procs = [start_snakemake(tracked, "--", *FIRST_HALF), start_snakemake(untracked, "--", *FIRST_HALF, tracking="off")]
+    for proc in procs:
+        finish(proc)
+    return tracked, untracked
+
+
+@pytest.fixture(scope="module")
+def pipeline(first_halves) -> Path:
+    return first_halves[0]
 
 
 @pytest.mark.slow
 def test_first_half_runs_and_writes_every_output(pipeline):
-    work, _ = pipeline
+    work = pipeline
     run = work / "results" / "tiny"
     for rel in ["source/source.json", "data/train.parquet", "data/test.parquet",
                 "model/model.safetensors", "model/manifest.json", "model/config.json",
@@ -63,28 +80,27 @@ def test_first_half_runs_and_writes_every_output(pipeline):
 
 
 @pytest.mark.slow
-def test_tracking_changes_no_output(pipeline, tmp_path):
+def test_tracking_changes_no_output(first_halves):
     """The first half again without MLflow: the same bytes in every output the stages hash."""
     import hashlib
 
-    work, _ = pipeline
-    snakemake(tmp_path, "--", *FIRST_HALF, tracking="off")
+    work, plain = first_halves
     for rel in ["model/manifest.json", "model/tokenizer.json", "data/test.parquet", "engine/build.json",
                 "eval/baseline_answers.parquet"]:
-        tracked, untracked = (d / "results" / "tiny" / rel for d in (work, tmp_path))
+        tracked, untracked = (d / "results" / "tiny" / rel for d in (work, plain))
         if rel == "engine/build.json":  # its timings differ run to run; its self-test's results do not
             a, b = (json.loads(f.read_text())["selftest"] for f in (tracked, untracked))
             assert {k: v for k, v in a.items() if not k.endswith("_s")} == {k: v for k, v in b.items() if not k.endswith("_s")}
             continue
         assert hashlib.sha256(tracked.read_bytes()).digest() == hashlib.sha256(untracked.read_bytes()).digest(), rel
-    assert not (tmp_path / "results" / "mlflow.db").exists()
+    assert not (plain / "results" / "mlflow.db").exists()
 
 
 @pytest.mark.slow
 def test_mlflow_holds_one_parent_and_a_child_per_rule(pipeline):
     from mlflow.tracking import MlflowClient
 
-    work, _ = pipeline
+    work = pipeline
     client = MlflowClient(f"sqlite:///{work / 'results' / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("ratchet").experiment_id])
     parents = [r for r in runs if "ratchet.pipeline_id" in r.data.tags]
@@ -99,7 +115,7 @@ def test_mlflow_holds_one_parent_and_a_child_per_rule(pipeline):
 
 @pytest.mark.slow
 def test_second_invocation_runs_nothing_and_forcerun_reruns_one_rule(pipeline):
-    work, _ = pipeline
+    work = pipeline
     results = work / "results" / "tiny"
     before = outputs_mtimes(results)
     again = snakemake(work, "--", *FIRST_HALF)
