@@ -107,8 +107,8 @@ def prepare(_prepared_results):
     def prepare(results: Path, *overrides: str) -> dict:
         os.environ["RATCHET_TRACKING"] = "off"
         cfg = config_mod.load(ROOT / "config" / "config.yaml", [f"results_dir={results}", *overrides])
-        changed = {k for k in ("model", "data", "convert", "engine", "seed", "run_name")
-                   if cfg[k] != config_mod.load(ROOT / "config" / "config.yaml")[k]}
+        default = config_mod.load(ROOT / "config" / "config.yaml")
+        changed = {k for k in ("model", "data", "convert", "engine", "seed", "run_name") if cfg[k] != default[k]}
         assert not changed, f"prepare: overrides of {sorted(changed)} need stages run afresh"
         shutil.copytree(_prepared_results, results, symlinks=True)
         return cfg

@@ -196,19 +196,17 @@ def shape_model(cfg, dtype: str = "fp16", seed: int = 0, device: str | None = No
     bench's init (workload.init_of). Drawn on the GPU where there is one (7B's 7.6B values
     took NumPy over five minutes on the H200's host), else on the host (NumPy), so that a CPU
     test builds it too; the two draws differ, and both engines of a run hold the same one."""
+    import torch
+
     from ratchet.bench.workload import init_of
     from ratchet.model.dtypes import round_to
     from ratchet.model.io import EngineModel
     from ratchet.model.layout import expected_shapes
 
     if device is None:
-        import torch
-
         device = "cuda" if torch.cuda.is_available() else "cpu"
     weights = {}
     if device == "cuda":
-        import torch
-
         grid = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
         gen = torch.Generator(device="cuda").manual_seed(seed)
         for name, shape in expected_shapes(cfg).items():
