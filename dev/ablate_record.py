@@ -4,7 +4,7 @@ visibility, fix, gradient), the gradient table by engine dtype, update count and
 where the figures came from (commit, machine, command). Used by the GPU scripts' `collect`.
 
     python -m dev.ablate_record --ablate results/local/ablate --config config/local.yaml \
-        --commit C --machine "NVIDIA H200" --command "snakemake ablate_gradient ..." --out rec.json
+        --commit C --machine "NVIDIA H200" --command "snakemake ablate_decompose ..." --out rec.json
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Issue 21's record, results/records/h200-learning.json, from the parts that GPU sessions
 bring back one at a time: ablate_learning's comparison (its summary and tables, from
 `python -m ratchet ablate_learning`), the gradient-error table (dev/ablate_record.py's
-record of ablate_gradient) and the two grid conditions (dev/grid_conditions.py). A part not
+record of the gradient table) and the two grid conditions (dev/grid_conditions.py). A part not
 given is listed under `parts_missing`, and a run the profile asks for (`--asked`: its
 `ablate.learning` engine dtypes x remedies) that the comparison lacks under
 `learning_runs_missing`, so a partial record never reads as the whole.
@@ -79,7 +79,7 @@ def compare_runs(run_dirs: list[Path], into: Path, asked: Path) -> None:
 def gradient_part(record: Path) -> dict:
     rec = json.loads(record.read_text())
     if "gradient_table" not in rec:
-        raise SystemExit(f"--gradient {record}: no gradient_table (a dev.ablate_record record of ablate_gradient)")
+        raise SystemExit(f"--gradient {record}: no gradient_table (a dev.ablate_record record of ablate_decompose)")
     return {"table": rec["gradient_table"], "commit": rec.get("commit"), "command": rec.get("command")}
 
 
@@ -97,7 +97,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--learning", type=Path, help="the ablate/ folder holding ablate_learning's outputs")
     ap.add_argument("--runs", type=Path, nargs="+", help="ablate_learning_run folders to compare into --learning")
-    ap.add_argument("--gradient", type=Path, help="dev.ablate_record's record of an ablate_gradient run")
+    ap.add_argument("--gradient", type=Path, help="dev.ablate_record's record of an ablate_decompose run (its gradient table)")
     ap.add_argument("--grid", type=Path, help="dev.grid_conditions' record")
     ap.add_argument("--asked", type=Path, default=Path("config/local.yaml"),
                     help="the profile whose ablate.learning runs the comparison should hold")

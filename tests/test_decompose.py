@@ -133,7 +133,7 @@ def test_decomposition_and_visibility_are_identical_when_rerun(tiny, frame):
 def test_one_run_gives_the_decomposition_and_the_visibility(tiny, frame):
     # the pipeline measures both along one GRPO run: each equals its own run's
     settings = ablate_settings(**SETTINGS)
-    both, vis = along_updates(tiny, settings)
+    both, vis, _ = along_updates(tiny, settings)
     pd.testing.assert_frame_equal(frame, both, check_exact=True)
     pd.testing.assert_frame_equal(visibility(tiny, settings), vis, check_exact=True)
 

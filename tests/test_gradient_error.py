@@ -1,6 +1,7 @@
 """The gradient's error on a tiny model with real GRPO updates: the reference against itself,
 the engine's log-probabilities bending the gradient, the remedies that give it back (or not),
-a trajectory the measurement leaves alone, the stage's table, and a bad update count."""
+a trajectory the measurement leaves alone, the three studies of one run apart, the stage's
+table, and a bad update count."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from tiny_setup import tiny_setup
 
 from ratchet.config import ConfigError, validate
 from ratchet.mismatch.ablation import Trajectory
+from ratchet.mismatch.decompose import along_updates
 from ratchet.mismatch.gradient import (
     GRADIENT_VARIANTS,
     SEED_OFFSET,
@@ -26,7 +28,6 @@ from ratchet.mismatch.gradient import (
     batch_rows,
     compare_gradients,
     fresh_groups,
-    gradient_errors,
     variant_config,
 )
 from ratchet.rl.sync import sync_weights
@@ -55,7 +56,9 @@ def settings():
 
 @pytest.fixture(scope="module")
 def frame(tiny, settings):
-    return gradient_errors(tiny, settings)
+    """The gradient alone along the run (no decomposition, no visibility)."""
+    return along_updates(tiny, settings, visibility_updates=0, measure_at=(),
+                         gradient_at=settings.gradient_updates)[2]
 
 
 def rows(frame, dtype, updates):
@@ -161,6 +164,19 @@ def test_the_measurement_leaves_the_trajectory_alone(tiny, settings):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_the_three_studies_share_one_run_and_leave_each_other_alone(tiny, settings, frame):
+    """ablate_decompose measures the sources, the visibility and the gradients along one run:
+    each study's rows are the bits it gives alone (the gradient's from the fixture, the other
+    two from a run without it)."""
+    both = dataclasses.replace(settings, updates=(0, 1), gradient_updates=(0, 3), visibility_updates=2)
+    measured = dataclasses.replace(tiny, measure_prompts=tiny.task.prompts[-8:])
+    decompose, vis, grad = along_updates(measured, both, gradient_at=both.gradient_updates)
+    alone_decompose, alone_vis, _ = along_updates(measured, both)
+    assert decompose.equals(alone_decompose) and vis.equals(alone_vis)
+    assert sorted(set(decompose["updates"])) == [0, 1] and vis["update"].max() == 2
+    assert grad.equals(frame)  # the fixture's: the same update counts, alone
+
+
 def test_a_bad_update_count_is_one_clear_error(settings):
     with pytest.raises(ConfigError, match=r"ablate\.gradient_updates.*-1 is less than the minimum of 0"):
         validate({"ablate": {"gradient_updates": [0, -1]}})
@@ -187,7 +203,7 @@ def test_the_stage_writes_its_table_and_figure_and_the_report_shows_them(tmp_pat
     for stage in ("download_model", "download_data", "convert_weights", "build_engine"):
         run_stage(stage, cfg)
     env = {**os.environ, "RATCHET_TRACKING": "off"}
-    proc = subprocess.run([sys.executable, "-m", "ratchet", "ablate_gradient", f"results_dir={tmp_path / 'results'}",
+    proc = subprocess.run([sys.executable, "-m", "ratchet", "ablate_decompose", f"results_dir={tmp_path / 'results'}",
                            "model.tiny.init_std=0.1", "ablate.updates=[0,1]", "ablate.gradient_updates=[0,2]",
                            "ablate.max_new_tokens=2", "ablate.num_rollouts=8", "ablate.engine_dtypes=[fp16]"],
                           capture_output=True, text=True, env=env, timeout=300)
@@ -196,7 +212,8 @@ def test_the_stage_writes_its_table_and_figure_and_the_report_shows_them(tmp_pat
     table = pd.read_parquet(paths.gradient_table)
     assert set(table.columns) == COLUMNS and len(table) == 2 * len(GRADIENT_VARIANTS)
     assert sorted(set(table["updates"])) == [0, 2] and paths.gradient_figure.stat().st_size > 0
-    assert sorted(p.name for p in paths.ablate.iterdir()) == ["gradient.parquet", "gradient.png"]  # no temporaries
+    assert sorted(p.name for p in paths.ablate.iterdir()) == [  # no temporaries
+        "decompose.parquet", "decompose.png", "gradient.parquet", "gradient.png", "visibility.parquet", "visibility.png"]
     run_stage("report", cfg)
     text = paths.report_summary.read_text()
     assert "## What the gap does to the gradient" in text and "(../ablate/gradient.png)" in text

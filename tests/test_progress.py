@@ -42,9 +42,9 @@ def test_the_rate_is_the_recent_units_own():
 
 def test_a_unit_whose_plural_is_not_an_s_says_so():
     out, t = io.StringIO(), [0.0]
-    p = Progress("ablate_gradient", 10, unit="batch", units="batches", every_s=0, window=1, stream=out,
+    p = Progress("score", 10, unit="batch", units="batches", every_s=0, window=1, stream=out,
                  clock=lambda: t[0])
     t[0] = 0.5
-    assert p.update(1).startswith("[ablate_gradient] 1/10 batches (10%), 2.00 batches/s")
+    assert p.update(1).startswith("[score] 1/10 batches (10%), 2.00 batches/s")
     t[0] = 3.5
     assert ", 3.0 s/batch" in p.update(2)

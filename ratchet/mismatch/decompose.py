@@ -1,6 +1,7 @@
 """The training-inference gap cut into its sources (PAIRS), each switched on alone, measured
 on the same fresh tokens after each count of real GRPO updates, along the run that also
-counts the visibility of every update."""
+counts the visibility of every update and compares the remedies' gradients (gradient.py):
+three studies of the same plain GRPO run, so one run of its fp32 updates serves them all."""
 
 from __future__ import annotations
 
@@ -71,23 +72,35 @@ def measure_sources(policy, engine, prompts: list[list[int]], max_new_tokens: in
 def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibility=None,
                   visibility_updates: int | None = None,
                   measure_at: tuple[int, ...] | None = None,
-                  backends: tuple[str, ...] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(decomposition, visibility) along one plain GRPO run: every update up to
+                  backends: tuple[str, ...] | None = None,
+                  gradient_at: tuple[int, ...] = (), log_gradient=None,
+                  ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(decomposition, visibility, gradient) along one plain GRPO run: every update up to
     `visibility_updates` is counted as it happens, the sources measured after each count in
-    `measure_at` (defaults from `settings`; 0 and () for none), each reported to its `log`.
-    `backends`: measure the same masters on each of these engines (e.g. the setup's and
-    vLLM), rows tagged with a `backend` column; None: the setup's engine alone, untagged."""
+    `measure_at` (defaults from `settings`; 0 and () for none) and the remedies' gradients
+    after each count in `gradient_at` (gradient.py's rows; () for none), each reported to its
+    `log`. `backends`: measure the same masters on each of these engines (e.g. the setup's and
+    vLLM), rows tagged with a `backend` column; None: the setup's engine alone, untagged.
+    The gradient's fresh batches come from each dtype's own engine (a Rollouts of its own
+    seed, after a sync from the same masters), never the trajectory's."""
+    from ratchet.mismatch.gradient import gradient_rows
+
     if visibility_updates is None:
         visibility_updates = settings.visibility_updates
     measure_at = settings.updates if measure_at is None else tuple(measure_at)
+    gradient_at = tuple(gradient_at)
     traj = Trajectory(setup, settings.grpo("none"))
     tagged = backends is not None
     engines = {(backend, dtype): setup.engine(dtype, backend=backend)
                for backend in (backends or (setup.backend,)) for dtype in settings.engine_dtypes} \
         if measure_at else {}
-    decompose_rows, visibility_rows = [], []
+    if gradient_at:  # the setup's engine of each dtype: the decomposition's where it has one
+        for dtype in settings.engine_dtypes:
+            if (setup.backend, dtype) not in engines:
+                engines[(setup.backend, dtype)] = setup.engine(dtype)
+    decompose_rows, visibility_rows, gradient_rows_ = [], [], []
     before = None
-    for update in range(max((*measure_at, visibility_updates)) + 1):
+    for update in range(max((*measure_at, *gradient_at, visibility_updates)) + 1):
         traj.advance_to(update, settings.max_steps_per_update)
         if visibility_updates and update <= visibility_updates:
             after = traj.masters()
@@ -108,4 +121,10 @@ def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibili
             decompose_rows += found
             if log is not None:
                 log(update, found)
-    return pd.DataFrame(decompose_rows), pd.DataFrame(visibility_rows)
+        if update in gradient_at:
+            for dtype in settings.engine_dtypes:
+                found = gradient_rows(traj, engines[(setup.backend, dtype)], setup.task, settings, update)
+                gradient_rows_ += found
+                if log_gradient is not None:
+                    log_gradient(dtype, update, found)
+    return pd.DataFrame(decompose_rows), pd.DataFrame(visibility_rows), pd.DataFrame(gradient_rows_)

@@ -1,8 +1,8 @@
-"""ablate_gradient: what the gap does to the gradient. On one fresh batch of the engine's
-rollouts, the policy gradient of every variant (GRADIENT_VARIANTS) against the on-policy one,
-along one plain GRPO run (the pipeline's engine samples it, as in the decomposition); no
+"""What the gap does to the gradient. On one fresh batch of the engine's rollouts, the policy
+gradient of every variant (GRADIENT_VARIANTS) against the on-policy one, after counts of
+updates of the decomposition's plain GRPO run (decompose.along_updates, `gradient_at`); no
 optimiser step is taken, and the run's own rollouts are not touched (each dtype's batch comes
-from a Rollouts of its own seed, on an engine of its own synced from the same masters).
+from a Rollouts of its own seed, on that dtype's measuring engine synced from the masters).
 
 The gradient is update()'s (backward_loss over the whole batch as one mini-batch), before
 its norm is clipped: every parameter, flattened, compared in float64."""
@@ -15,7 +15,7 @@ import math
 import pandas as pd
 import torch
 
-from ratchet.mismatch.ablation import AblateSettings, Setup, Trajectory
+from ratchet.mismatch.ablation import AblateSettings, Trajectory
 from ratchet.rl.settings import GRPOConfig
 
 # variant -> (the FIX_RUNS run whose GRPO knobs it takes, overrides of those)
@@ -55,7 +55,7 @@ def fresh_groups(engine, task, cfg: GRPOConfig, seed: int, max_tries: int = 20) 
         groups, _ = rollouts.collect(engine, step, version=0)
         if make_experience(groups, task, cfg, version=0).mask.any():
             return groups
-    raise RuntimeError(f"ablate_gradient: every group scored the same in {max_tries} fresh batches "
+    raise RuntimeError(f"the gradient ablation: every group scored the same in {max_tries} fresh batches "
                        "(raise ablate.max_steps_per_update or ablate.group_size)")
 
 
@@ -124,27 +124,15 @@ def batch_rows(policy, engine, groups: list, task, settings: AblateSettings) -> 
     return rows
 
 
-def gradient_errors(setup: Setup, settings: AblateSettings, log=None) -> pd.DataFrame:
-    """One row per (engine dtype, update count of `settings.gradient_updates`, variant), along
-    one plain GRPO run sampled by the pipeline's engine, as the decomposition measures: after
-    each count, every engine dtype's own engine is synced from the same masters and draws its
-    own fresh batch (a trajectory per dtype cost a second run's steps for masters that differ
-    only in which engine drew the run's rollouts). `log(dtype, updates, rows)` after each batch."""
+def gradient_rows(traj: Trajectory, engine, task, settings: AblateSettings, updates: int) -> list[dict]:
+    """The rows of one engine dtype after `updates` updates of `traj`: `engine` (of that dtype,
+    not the trajectory's) is synced from the masters and draws a fresh batch from a Rollouts of
+    its own seed, on which every variant's gradient is compared with the reference's."""
     from ratchet.rl.sync import sync_weights
 
-    rows = []
-    traj = Trajectory(setup, settings.grpo("none"))
-    engines = {dtype: setup.engine(dtype) for dtype in settings.engine_dtypes}  # the batches' own
-    for updates in settings.gradient_updates:
-        traj.advance_to(updates, settings.max_steps_per_update)
-        for dtype, engine in engines.items():
-            sync_weights(engine, traj.policy)
-            cfg = dataclasses.replace(traj.cfg, engine_dtype=dtype)
-            groups = fresh_groups(engine, setup.task, cfg, settings.seed + SEED_OFFSET + updates,
-                                  settings.max_steps_per_update)
-            found = [{"updates": updates, "steps": traj.step, **r}
-                     for r in batch_rows(traj.policy, engine, groups, setup.task, settings)]
-            rows += found
-            if log is not None:
-                log(dtype, updates, found)
-    return pd.DataFrame(rows)
+    sync_weights(engine, traj.policy)
+    cfg = dataclasses.replace(traj.cfg, engine_dtype=engine.dtype)
+    groups = fresh_groups(engine, task, cfg, settings.seed + SEED_OFFSET + updates,
+                          settings.max_steps_per_update)
+    return [{"updates": updates, "steps": traj.step, **r}
+            for r in batch_rows(traj.policy, engine, groups, task, settings)]

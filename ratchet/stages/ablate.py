@@ -3,6 +3,7 @@ write results/<run>/ablate/ and track; `records` gives their headline numbers.""
 
 from __future__ import annotations
 
+import math
 import os
 import time
 
@@ -79,16 +80,24 @@ def write_ablation(run, frame, table, figure, draw) -> None:
 
 
 # ---------------------------------------------------------------------------- decompose
+# a gradient row's columns -> metric names (gradient/... new here; the gap under the trainings' name)
+GRADIENT_METRICS = {"cosine": "gradient/cosine", "rel_diff": "gradient/rel_diff", "norm": "gradient/norm",
+                    "ref_norm": "gradient/ref_norm", "ratio_max_dev": "gradient/ratio_max_dev",
+                    "weight_mean": "train/is_weight_mean", "num_tokens": "train/num_tokens",
+                    "gap_mean": "mismatch/logprob_abs_diff_mean", "gap_max": "mismatch/logprob_abs_diff_max"}
+
+
 def ablate_decompose(cfg: dict, run) -> None:
-    """The decomposition and the visibility of updates, along one GRPO run (both study the
-    same updates: one run instead of two identical ones)."""
+    """The decomposition, the visibility of updates and the remedies' gradients, along one GRPO
+    run (the three study the same updates: one run of them instead of three identical ones)."""
     from ratchet.mismatch.decompose import along_updates
-    from ratchet.report.figures import decomposition_figure, visibility_figure
+    from ratchet.report.figures import decomposition_figure, gradient_figure, visibility_figure
 
     paths = RunPaths.from_config(cfg)
     setup, settings = make_setup(cfg)
     start = time.perf_counter()
-    progress = Progress("ablate_decompose", max(*settings.updates, settings.visibility_updates), unit="update")
+    progress = Progress("ablate_decompose", max(*settings.updates, *settings.gradient_updates,
+                                                settings.visibility_updates), unit="update")
 
     def log(updates, rows):
         progress.update(updates)
@@ -116,10 +125,24 @@ def ablate_decompose(cfg: dict, run) -> None:
             f"{r['dtype']} changed {r['changed_share']:.4f} off-grid {r['off_grid_share']:.4f}"
             for r in rows), flush=True)
 
-    frame, vis = along_updates(setup, settings, log=log, log_visibility=log_visibility)
-    run.log_metrics({"time/decompose_s": time.perf_counter() - start})  # both: one GRPO run
+    def log_gradient(dtype, updates, rows):
+        progress.update(updates)
+        for r in rows:  # one nested run per (engine dtype, remedy)
+            params = {k: r[k] for k in ("engine_dtype", "variant", "weight_dtype", "old_logprobs",
+                                        "is_correction", "exact_forward")}
+            run.variant(f"{dtype}/gradient/{r['variant']}", params).log_metrics(
+                {name: r[k] for k, name in GRADIENT_METRICS.items() if math.isfinite(r[k])}, step=updates)
+        others = "  ".join(f"{r['variant']} 1-cos {1 - r['cosine']:.2e} rel {r['rel_diff']:.2e}"
+                           for r in rows if r["variant"] != "reference")
+        print(f"[ablate_decompose] gradient, {dtype} after {updates:3d} updates, {rows[0]['num_tokens']} "
+              f"tokens, gap mean {rows[0]['gap_mean']:.2e}: {others}", flush=True)
+
+    frame, vis, grad = along_updates(setup, settings, log=log, log_visibility=log_visibility,
+                                     gradient_at=settings.gradient_updates, log_gradient=log_gradient)
+    run.log_metrics({"time/decompose_s": time.perf_counter() - start})  # all three: one GRPO run
     write_ablation(run, frame, paths.decompose_table, paths.decompose_figure, decomposition_figure)
     write_ablation(run, vis, paths.visibility_table, paths.visibility_figure, visibility_figure)
+    write_ablation(run, grad, paths.gradient_table, paths.gradient_figure, gradient_figure)
 
 
 def ablate_decompose_vllm(cfg: dict, run) -> None:
@@ -154,8 +177,8 @@ def ablate_decompose_vllm(cfg: dict, run) -> None:
                                  "mismatch/logprob_abs_diff_max": r["abs_diff_max"],
                                  "mismatch/kl_k3": r["kl_k3"]}, step=updates)
 
-    frame, _ = along_updates(setup, settings, log=log, visibility_updates=0,
-                             backends=(setup.backend, "vllm"))
+    frame, _, _ = along_updates(setup, settings, log=log, visibility_updates=0,
+                                backends=(setup.backend, "vllm"))
     run.log_metrics({"time/decompose_vllm_s": time.perf_counter() - start})
     write_ablation(run, frame, paths.decompose_vllm_table, paths.decompose_vllm_figure,
                    lambda f, path: decomposition_figure(by_engine(f), path, sharey=True,

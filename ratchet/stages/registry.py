@@ -62,10 +62,12 @@ STAGES: dict[str, Stage] = {
                    "the CUDA engine's speed beside its references (not part of `all`)",
                    reads=lambda p: [p.build], writes=lambda p: [p.bench]),
     "ablate_decompose": Stage("ratchet.stages.ablate", ("data", "engine", "ablate", "train"),
-                              "the gap by source along one GRPO run, and the visibility of its updates",
+                              "the gap by source along one GRPO run, the visibility of its updates, "
+                              "and each remedy's policy gradient against the on-policy one",
                               reads=_prepared,
                               writes=lambda p: [p.decompose_table, p.decompose_figure,
-                                                p.visibility_table, p.visibility_figure]),
+                                                p.visibility_table, p.visibility_figure,
+                                                p.gradient_table, p.gradient_figure]),
     "ablate_decompose_vllm": Stage("ratchet.stages.ablate", ("data", "engine", "ablate", "train"),
                                    "the gap by source on ratchet's engine and on vLLM, the same masters "
                                    "along one GRPO run (needs vLLM and a GPU; not part of `all`)",
@@ -74,10 +76,6 @@ STAGES: dict[str, Stage] = {
     "ablate_fix": Stage("ratchet.stages.ablate", ("data", "engine", "eval", "ablate", "train"),
                         "GRPO with no correction, the fix, the exact fix, TIS and MIS from the same seeds",
                         reads=_prepared, writes=lambda p: [p.fix_table, p.fix_steps, p.fix_figure]),
-    "ablate_gradient": Stage("ratchet.stages.ablate_gradient", ("data", "engine", "ablate", "train"),
-                             "the policy gradient of a fresh batch under each remedy against the "
-                             "on-policy one, per engine dtype along one GRPO run",
-                             reads=_prepared, writes=lambda p: [p.gradient_table, p.gradient_figure]),
     "ablate_learning_run": Stage("ratchet.stages.learning", ("data", "engine", "eval", "ablate", "train"),
                                  "one GRPO run of ablate_learning (an engine dtype and a remedy), "
                                  "scored on the test problems as it learns",

@@ -1,5 +1,5 @@
-# The decomposition and the visibility of updates study the same GRPO run: one rule
-# measures both along it.
+# The decomposition, the visibility of updates and the remedies' gradients study the same
+# GRPO run: one rule measures all three along it.
 rule ablate_decompose:
     input:
         build=rules.build_engine.output.build,
@@ -19,6 +19,13 @@ rule ablate_decompose:
             caption="../report/visibility.rst",
             category="Mismatch ablations",
             labels={"figure": "visibility of updates"},
+        ),
+        gradient=P.gradient_table,
+        gradient_figure=report(
+            P.gradient_figure,
+            caption="../report/gradient.rst",
+            category="Mismatch ablations",
+            labels={"figure": "the gradient's error"},
         ),
     params:
         settings=stage_settings("ablate_decompose"),
@@ -87,30 +94,3 @@ rule ablate_decompose_vllm:
     shell:
         ratchet_cmd("ablate_decompose_vllm")
 
-
-rule ablate_gradient:
-    input:
-        build=rules.build_engine.output.build,
-        train=rules.download_data.output.train,
-        test=rules.download_data.output.test,
-    output:
-        table=P.gradient_table,
-        figure=report(
-            P.gradient_figure,
-            caption="../report/gradient.rst",
-            category="Mismatch ablations",
-            labels={"figure": "the gradient's error"},
-        ),
-    params:
-        settings=stage_settings("ablate_gradient"),
-    priority: 6
-    resources:
-        gpu_jobs=GPU_JOB_SLOTS,
-    conda:
-        "../envs/ratchet.yaml"
-    log:
-        P.log("ablate_gradient"),
-    benchmark:
-        P.benchmark("ablate_gradient")
-    shell:
-        ratchet_cmd("ablate_gradient")
