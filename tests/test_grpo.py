@@ -425,3 +425,76 @@ def test_a_token_budget_trains_the_weights_a_row_count_does(cfg):
     assert scale > 1e-4  # the step did train
     for k in grads[0]:
         torch.testing.assert_close(grads[1][k], grads[0][k], rtol=0, atol=1e-5 * scale, msg=k)
+
+
+@pytest.mark.parametrize("last, computed", [({"step": 2, "weights": "abc"}, False),
+                                            ({"step": 1, "weights": "abc"}, True),
+                                            ({"step": 2, "weights": ""}, True)])
+def test_the_summary_takes_the_weights_digest_of_the_last_step_from_the_trace(tmp_path, monkeypatch,
+                                                                               last, computed):
+    """The masters' SHA-256 is taken once at the last step (a device-to-host copy of every
+    weight and a pass of SHA-256): the summary reuses it, and computes it only where the trace
+    lacks it."""
+    import dataclasses
+
+    from ratchet.config import validate
+    from ratchet.rl import job as job_module
+    from ratchet.rl.job import Job, write_outputs
+    from ratchet.rl.settings import GRPOConfig
+
+    calls = []
+    monkeypatch.setattr(job_module, "weights_digest", lambda policy: calls.append(policy) or "computed")
+    grpo = dataclasses.replace(GRPOConfig.from_config(validate({})), steps=3)
+    job = Job(grpo=grpo, model_dir="", train_path="", data_source="synthetic", out_dir=str(tmp_path),
+              save_model=False)
+    rows = [{"step": 2, "train/loss": 0.5}]
+    summary = write_outputs(job, "policy", None, rows, [{"tokens": "t", "logprobs": "l", "loss": "0x0p+0", **last}])
+    assert summary["weights_sha256"] == ("computed" if computed else "abc")
+    assert calls == (["policy"] if computed else [])
+
+
+def test_an_engine_sized_to_its_rows_runs_every_step_in_the_bucket_it_had():
+    """A training engine holds only the rows it will run (a KV cache for them alone); for any
+    count of rows in flight up to that, the decode bucket is the one the full-size engine
+    would pick, so the same kernels and the same bits."""
+    from ratchet.engine.cuda.graphs import buckets_for
+
+    def bucket(buckets, n):
+        return next(b for b in buckets if b >= n)
+
+    for rows in (1, 7, 64, 96, 200, 512):
+        for n in range(1, rows + 1):
+            assert bucket(buckets_for(rows), n) == bucket(buckets_for(512), n), (rows, n)
+
+
+def test_the_training_engines_hold_the_rows_they_run(cfg, tmp_path, monkeypatch):
+    """colocated: a step's answers or the eval's problems; split: the groups in flight (a
+    step's and the extra ones) on the engine, the eval's problems on the trainer's own."""
+    from ratchet.model.io import load_engine_model
+    from ratchet.rl.colocated import run_colocated
+    from ratchet.rl.job import Job
+    from ratchet.rl.split import run_split
+
+    job = short_job(cfg, "colocated", tmp_path / "c", steps=1)
+    model = load_engine_model(job.model_dir)
+    assert job.make_engine(model).max_batch_size == job.max_batch_size
+    assert job.make_engine(model, rows=5).max_batch_size == 5
+    assert job.make_engine(model, rows=10 ** 6).max_batch_size == job.max_batch_size
+
+    made = []
+    make = Job.make_engine
+
+    def recording(self, model, batch_invariant=False, device=None, rows=None):
+        engine = make(self, model, batch_invariant, device, rows)
+        made.append(engine.max_batch_size)
+        return engine
+
+    monkeypatch.setattr(Job, "make_engine", recording)
+    g, most = job.grpo, job.max_batch_size
+    run_colocated(short_job(cfg, "colocated", tmp_path / "c", steps=1, eval_every=1, eval_problems=3))
+    assert made == [min(most, g.problems_per_step * g.group_size)]  # more than the 3 eval problems
+    made.clear()
+    run_split(short_job(cfg, "split", tmp_path / "s", steps=1, eval_every=1, eval_problems=3,
+                        problems_per_step=2, engine_in="thread"))
+    assert sorted(made) == sorted([min(most, (2 + g.extra_groups) * g.group_size),  # the engine's
+                                   min(most, 2 * g.group_size)])  # the trainer's, for its evals

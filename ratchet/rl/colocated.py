@@ -11,6 +11,7 @@ from ratchet.rl.comm import Comm, free_port, init_process_group
 from ratchet.rl.evaluate import Evaluator
 from ratchet.rl.job import (
     Job,
+    eval_rows,
     find_resume,
     load_start,
     relog,
@@ -20,6 +21,7 @@ from ratchet.rl.job import (
 )
 from ratchet.rl.rollout import Rollouts
 from ratchet.rl.runtime import (
+    Laps,
     Timer,
     Workers,
     configure_threads,
@@ -51,20 +53,26 @@ def run_colocated(job: Job, log=None) -> dict:
 
 def colocated_worker(job: Job, rank: int, world: int, port: int | None, log=None) -> dict | None:
     cfg = job.grpo
+    laps = Laps()
     device, backend, engine_gpu = worker_device(job.device, rank, world)
     if world > 1:
         init_process_group(rank, world, port, backend)
     comm = Comm(rank, world, device=device if backend == "nccl" else "cpu")
     set_determinism(cfg.seed)
     task = job.load_task()
+    laps("task")
     model, policy, optimizer = load_start(job, device)
     configure_threads(model.cfg, world)
-    # it holds the trainer's current weights, rounded: the exact forward scores with it
-    engine = job.make_engine(model, batch_invariant=cfg.exact_forward, device=engine_gpu)
+    laps("model and trainer")
+    evaluator = Evaluator(task, cfg.eval_every, cfg.steps, job.eval_max_new_tokens) if rank == 0 else None
+    # it holds the trainer's current weights, rounded: the exact forward scores with it; its
+    # rows: a step's answers, or rank 0's eval problems
+    rows = max(cfg.groups_per_worker * cfg.group_size, eval_rows(task) if evaluator is not None else 0)
+    engine = job.make_engine(model, batch_invariant=cfg.exact_forward, device=engine_gpu, rows=rows)
+    laps("engine")
     rollouts = Rollouts(task.prompts, cfg.group_size, cfg.max_new_tokens, cfg.temperature, cfg.seed,
                         cfg.groups_per_worker, extra_groups=0, max_staleness=cfg.max_staleness,
                         rank=rank, world=world)
-    evaluator = Evaluator(task, cfg.eval_every, cfg.steps, job.eval_max_new_tokens) if rank == 0 else None
     rows, trace, start = [], [], 0
     resume_from = find_resume(job)
     if resume_from is not None:
@@ -77,6 +85,9 @@ def colocated_worker(job: Job, rank: int, world: int, port: int | None, log=None
         relog(rows, log if rank == 0 else None)
 
     telemetry = SyncTelemetry(policy, cfg.engine_dtype)  # what each sync carries to the engine
+    laps("telemetry")
+    if rank == 0:
+        print(f"[colocated] ready in {laps.line()}", flush=True)
     for step in range(start, cfg.steps):
         row, timer = {"step": step}, Timer()
         # ---------------------------------------------------------------- evaluate
@@ -121,8 +132,10 @@ def colocated_worker(job: Job, rank: int, world: int, port: int | None, log=None
             rows.append({"step": cfg.steps, **final_eval})
             if log is not None:
                 log(final_eval, cfg.steps)
+        outputs = Timer()
         summary = write_outputs(job, policy, model.cfg, rows, trace,
                                 {"mode": "colocated", "num_workers": world})
+        print(f"[colocated] outputs written in {outputs():.1f} s", flush=True)
     if world > 1:
         import torch.distributed as dist
 

@@ -61,31 +61,42 @@ class Job:
         return Task.load(self.model_dir, self.train_path, self.data_source, self.test_path,
                          self.grpo.eval_problems if self.grpo.eval_every else 0)
 
-    def make_engine(self, model, batch_invariant: bool = False, device: int | None = None):
-        """A batch-invariant engine runs every step at its largest batch: no larger than the
-        step's answers (the exact forward's, whose scoring takes them all at once)."""
+    def make_engine(self, model, batch_invariant: bool = False, device: int | None = None,
+                    rows: int | None = None):
+        """`rows`: the most sequences the engine will hold at once (a step's rollouts, the
+        in-training eval's problems), where known. Its KV cache is then for those rows alone
+        (at 1.5B a slot is 29 MB: 15 GB for engine.max_batch_size 512), and every step keeps
+        its decode bucket (the smallest power of two that holds the rows in flight), so the
+        same bits. A batch-invariant engine runs every step at its largest batch: no larger
+        than the step's answers (the exact forward's, whose scoring takes them all at once)."""
         from ratchet.engines import make_engine
 
-        size = self.max_batch_size
+        size = self.max_batch_size if rows is None else max(1, min(self.max_batch_size, rows))
         if batch_invariant:
             size = min(size, self.grpo.groups_per_worker * self.grpo.group_size)
         return make_engine(model, backend=self.backend, max_batch_size=size, max_seq_len=self.max_seq_len,
                            batch_invariant=batch_invariant, device=device, vllm_options=self.vllm_options)
 
 
+def eval_rows(task: Task) -> int:
+    """The in-training eval's problems, all in flight at once on an engine that holds them."""
+    return 0 if task.eval_problems is None else len(task.eval_problems)
+
+
 class TrainerEngine:
     """The split trainer's own engine, holding its current weights rounded (built on first
     use, synced after): its evals and its exact forward run on it."""
 
-    def __init__(self, job: Job):
-        self.job, self.engine = job, None
+    def __init__(self, job: Job, rows: int | None = None):
+        self.job, self.engine, self.rows = job, None, rows
 
     def synced(self, policy):
         from ratchet.model.io import EngineModel
 
         if self.engine is None:
             model = EngineModel(policy.cfg, engine_weights(policy), self.job.grpo.engine_dtype)
-            self.engine = self.job.make_engine(model, batch_invariant=self.job.grpo.exact_forward)
+            self.engine = self.job.make_engine(model, batch_invariant=self.job.grpo.exact_forward,
+                                               rows=self.rows)
         else:  # on the GPU, no host round trip of the masters
             sync_weights(self.engine, policy)
         return self.engine
@@ -129,7 +140,9 @@ def relog(rows: list[dict], log) -> None:
 
 def write_outputs(job: Job, policy, model_cfg, rows: list[dict], trace: list[dict],
                   extra: dict | None = None) -> dict:
-    """metrics.parquet, trace.parquet, model/ (engine dtype, with its manifest), summary.json."""
+    """metrics.parquet, trace.parquet, model/ (engine dtype, with its manifest), summary.json.
+    The weights' SHA-256 is the trace's of the last step where it has it: the same masters,
+    whose digest costs a device-to-host copy of them and a pass of SHA-256 (seconds at 1.5B)."""
     from ratchet.model.io import save_engine_model
 
     out = Path(job.out_dir)
@@ -138,7 +151,10 @@ def write_outputs(job: Job, policy, model_cfg, rows: list[dict], trace: list[dic
     write_parquet(out / "trace.parquet", trace)
     trained = [r for r in rows if "train/loss" in r]
     evals = [r for r in rows if "eval/accuracy" in r]
-    summary = {"steps": job.grpo.steps, "weights_sha256": weights_digest(policy),
+    last = trace[-1] if trace else {}
+    digest = last["weights"] if last.get("step") == job.grpo.steps - 1 and last.get("weights") \
+        else weights_digest(policy)
+    summary = {"steps": job.grpo.steps, "weights_sha256": digest,
                "last_step": trained[-1] if trained else None,
                "eval_accuracy": [[r["step"], r["eval/accuracy"]] for r in evals],
                "train_s": float(sum(r.get("time/step_s", 0.0) for r in trained)),

@@ -16,6 +16,7 @@ from ratchet.rl.evaluate import Evaluator
 from ratchet.rl.job import (
     Job,
     TrainerEngine,
+    eval_rows,
     find_resume,
     load_start,
     relog,
@@ -25,7 +26,7 @@ from ratchet.rl.job import (
 )
 from ratchet.rl.link import ENGINE, TRAINER, ProcessLink, ThreadLink
 from ratchet.rl.rollout import Group, Rollouts
-from ratchet.rl.runtime import Timer, Workers, configure_threads, set_determinism
+from ratchet.rl.runtime import Laps, Timer, Workers, configure_threads, set_determinism
 from ratchet.rl.telemetry import SyncTelemetry, parity, torch_checksums
 from ratchet.rl.trace import rollout_digests, trace_row
 from ratchet.rl.update import grpo_step
@@ -89,12 +90,16 @@ def trainer_loop(job: Job, link, log=None) -> dict:
     from ratchet.trainer.precision import torch_dtype
 
     cfg = job.grpo
+    laps = Laps()
     set_determinism(cfg.seed)
     task = job.load_task()
+    laps("task")
     model, policy, optimizer = load_start(job, job.device)
     configure_threads(model.cfg, 2)
+    laps("model and trainer")
     evaluator = Evaluator(task, cfg.eval_every, cfg.steps, job.eval_max_new_tokens)
-    own_engine = TrainerEngine(job)  # its evals, and the exact forward's scoring
+    # its evals, and the exact forward's scoring (a step's answers at once)
+    own_engine = TrainerEngine(job, rows=max(eval_rows(task), cfg.problems_per_step * cfg.group_size))
     engine_dtype = torch_dtype(cfg.engine_dtype)
 
     def engine_copy() -> dict[str, torch.Tensor] | None:
@@ -124,10 +129,13 @@ def trainer_loop(job: Job, link, log=None) -> dict:
                "rollouts": rollout_state, "weights_backend": weights_backend})
     link.open_weights(weights_backend)
     link.send_weights(policy, weights=engine_weights)
+    laps("first weights to the engine")
     copies = {engine_version: engine_weights}  # weights version -> what the engine holds
     # weights version -> checksums of what the engine should hold (sync/weights_parity)
     expected = {engine_version: dict(zip(engine_weights, torch_checksums(engine_weights.values())))}
     telemetry = SyncTelemetry(policy, cfg.engine_dtype, held=engine_weights)
+    laps("telemetry")
+    print(f"[split] trainer ready in {laps.line()}", flush=True)
     last_needed = cfg.steps - 1 - cfg.ahead  # the newest version the engine will ask for
     in_flight = None  # the weights broadcast still on its way (the engine takes it when it
     if engine_version < start <= last_needed:  # has finished the batch it is generating)
@@ -196,9 +204,12 @@ def trainer_loop(job: Job, link, log=None) -> dict:
         if log is not None:
             log(final_eval, cfg.steps)
     where = "thread" if isinstance(link, ThreadLink) else "process"
-    return write_outputs(job, policy, model.cfg, rows, trace,
-                         {"mode": "split", "ahead": cfg.ahead, "extra_groups": cfg.extra_groups,
-                          "engine_in": where})
+    outputs = Timer()
+    summary = write_outputs(job, policy, model.cfg, rows, trace,
+                            {"mode": "split", "ahead": cfg.ahead, "extra_groups": cfg.extra_groups,
+                             "engine_in": where})
+    print(f"[split] outputs written in {outputs():.1f} s", flush=True)
+    return summary
 
 
 def _checkpoint(job, policy, optimizer, step, engine_weights, message, rows, trace, pending=True):
@@ -228,10 +239,15 @@ def engine_loop(job: Job, link) -> None:
     from ratchet.model.io import load_engine_model
 
     cfg = job.grpo
+    laps = Laps()
     task = job.load_task()
+    laps("task")
     model = load_engine_model(job.model_dir)
     configure_threads(model.cfg, 2)  # on a thread: the trainer's own setting, set again
-    engine = job.make_engine(model)
+    laps("model")
+    # its rows: the groups in flight, a step's and the extra ones (partial rollouts)
+    engine = job.make_engine(model, rows=(cfg.problems_per_step + cfg.extra_groups) * cfg.group_size)
+    laps("engine")
     rollouts = Rollouts(task.prompts, cfg.group_size, cfg.max_new_tokens, cfg.temperature, cfg.seed,
                         cfg.problems_per_step, extra_groups=cfg.extra_groups,
                         max_staleness=cfg.max_staleness)
@@ -241,6 +257,8 @@ def engine_loop(job: Job, link) -> None:
     if start["rollouts"] is not None:
         rollouts.load_state_dict(start["rollouts"])
     link.receive_weights_into(engine, model.cfg, job.device)
+    laps("first weights, the trainer's start-up included")
+    print(f"[split] engine ready in {laps.line()}", flush=True)
 
     last_needed = cfg.steps - 1 - cfg.ahead
 
