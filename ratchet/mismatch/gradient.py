@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import pandas as pd
 import torch
 
 from ratchet.mismatch.ablation import AblateSettings, Trajectory

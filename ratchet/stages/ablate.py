@@ -91,7 +91,11 @@ def ablate_decompose(cfg: dict, run) -> None:
     """The decomposition, the visibility of updates and the remedies' gradients, along one GRPO
     run (the three study the same updates: one run of them instead of three identical ones)."""
     from ratchet.mismatch.decompose import along_updates
-    from ratchet.report.figures import decomposition_figure, gradient_figure, visibility_figure
+    from ratchet.report.figures import (
+        decomposition_figure,
+        gradient_figure,
+        visibility_figure,
+    )
 
     paths = RunPaths.from_config(cfg)
     setup, settings = make_setup(cfg)
