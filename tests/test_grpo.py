@@ -229,7 +229,7 @@ def test_split_engine_on_a_thread_equals_engine_in_a_process(cfg, tmp_path):
 def test_a_failing_engine_thread_stops_the_trainer_with_its_error(cfg, tmp_path, monkeypatch):
     from ratchet.rl import split
 
-    def broken(job, link):
+    def broken(job, link, loaded=None):
         link.recv()  # the start message
         raise RuntimeError("planted engine failure")
 

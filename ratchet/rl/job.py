@@ -102,12 +102,13 @@ class TrainerEngine:
         return self.engine
 
 
-def load_start(job: Job, device: str = "cpu"):
-    """(EngineModel, Policy on `device`, AdamW) from the converted model, as a run starts."""
+def load_start(job: Job, device: str = "cpu", model=None):
+    """(EngineModel, Policy on `device`, AdamW) from the converted model (`model`, where it is
+    already loaded), as a run starts."""
     from ratchet.model.io import load_engine_model
     from ratchet.trainer.policy import Policy
 
-    model = load_engine_model(job.model_dir)
+    model = load_engine_model(job.model_dir) if model is None else model
     policy = Policy.from_weights(model.cfg, model.weights, device=device)
     return model, policy, make_optimizer(policy, job.grpo)
 
