@@ -209,6 +209,28 @@ def test_convert_errors_name_the_culprit(tmp_path):
         convert_hf(src)
 
 
+def test_the_manifest_check_holds_the_header_to_the_listed_tensors(tmp_path, tiny_cfg):
+    """The check hashes tensor by tensor: what the header describes around them must be the
+    manifest's too (no unlisted tensor, the engine dtype's storage, no bytes past the last)."""
+    weights = random_weights(tiny_cfg)
+    out = save_engine_model(tmp_path / "m", tiny_cfg, weights, "fp32")
+    path = out / "model.safetensors"
+    original = path.read_bytes()
+    load_engine_model(out)
+
+    path.write_bytes(original + bytes(16))
+    with pytest.raises(ValueError, match="16 bytes after the last tensor that manifest.json does not list"):
+        load_engine_model(out)
+    safetensors_io.save(path, weights | {"extra.weight": weights["norm.weight"]}, "fp32")
+    with pytest.raises(ValueError, match="tensor 'extra.weight' is not listed in manifest.json"):
+        load_engine_model(out)
+    safetensors_io.save(path, weights, "fp16")  # the same names, packed, in another storage
+    with pytest.raises(ValueError, match=r"'[\w.]+' is stored as F16, not F32 \(fp32, as config.json says\)"):
+        load_engine_model(out)
+    path.write_bytes(original)
+    load_engine_model(out)
+
+
 def test_load_engine_model_errors_name_the_culprit(tmp_path, tiny_cfg):
     with pytest.raises(FileNotFoundError, match="nowhere"):
         load_engine_model(tmp_path / "nowhere")

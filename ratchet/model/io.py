@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,9 +69,11 @@ def save_engine_model(out_dir: str | Path, cfg: ModelConfig, weights: dict[str, 
         written = time.perf_counter() - start
         config = cfg.to_dict() | {"engine_dtype": dtype}
         (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-        manifest = {"dtype": dtype, "num_parameters": num_parameters(cfg),
-                    "file_sha256": file_sha256(tmp / WEIGHTS_FILE),
-                    "tensors": tensor_hashes(tmp / WEIGHTS_FILE)} | (manifest_extra or {})
+        with ThreadPoolExecutor(max_workers=1) as pool:  # the file's one sequential pass beside the tensors'
+            whole = pool.submit(file_sha256, tmp / WEIGHTS_FILE)
+            tensors = tensor_hashes(tmp / WEIGHTS_FILE)
+            manifest = {"dtype": dtype, "num_parameters": num_parameters(cfg), "file_sha256": whole.result(),
+                        "tensors": tensors} | (manifest_extra or {})
         size = (tmp / WEIGHTS_FILE).stat().st_size
         print(f"[save_engine_model] {size / 1e9:.2f} GB written in {written:.1f} s "
               f"({size / 1e6 / max(written, 1e-9):.0f} MB/s), hashed in {time.perf_counter() - start - written:.1f} s")
@@ -89,7 +92,7 @@ def save_engine_model(out_dir: str | Path, cfg: ModelConfig, weights: dict[str, 
 def load_engine_model(model_dir: str | Path, verify: bool = True) -> EngineModel:
     """Read a model directory written by `save_engine_model`.
 
-    `verify` checks the weights file against the manifest's SHA-256 (about 2 s per GB).
+    `verify` checks the weights file against the manifest's per-tensor SHA-256 (threaded).
     """
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
@@ -104,33 +107,50 @@ def load_engine_model(model_dir: str | Path, verify: bool = True) -> EngineModel
     if dtype not in DTYPES:
         raise InputError(f"{config_path}: engine_dtype {dtype!r} is not one of {DTYPES}")
     if verify:
-        verify_manifest(model_dir)
+        verify_manifest(model_dir, dtype)
     print(f"reading {weights_path}")
     weights = safetensors_io.load_fp32(weights_path)
     check_weights(cfg, weights, str(weights_path))
     return EngineModel(cfg=cfg, weights=weights, dtype=dtype, path=model_dir)
 
 
-def verify_manifest(model_dir: Path) -> None:
-    """Raise naming the first tensor whose stored bytes differ from the manifest."""
+def verify_manifest(model_dir: Path, dtype: str | None = None) -> None:
+    """Raise naming the first tensor whose stored bytes differ from the manifest. Each tensor is
+    hashed on its own, on a few threads, against the manifest's per-tensor SHA-256, and the
+    header must hold exactly those tensors in `dtype`'s storage, packed end to end: what
+    `load_fp32` reads is then what was written. (The whole file's SHA-256 is one sequential
+    pass: 2.5 s at 1.5B on the 2-core machine, ~6 s on the GPU machine, at every load.)"""
     manifest_path, weights_path = model_dir / MANIFEST_FILE, model_dir / WEIGHTS_FILE
     if not manifest_path.is_file():
         raise MissingInputError(f"{model_dir}: missing {MANIFEST_FILE} (load with verify=False to skip it)")
     print(f"reading {manifest_path}")
-    manifest = json.loads(manifest_path.read_text())
-    if file_sha256(weights_path) == manifest["file_sha256"]:
-        return
-    # The file differs: hash tensor by tensor only now, to name the culprit.
-    got = tensor_hashes(weights_path)
-    for name, want in manifest["tensors"].items():
-        if name not in got:
+    listed = json.loads(manifest_path.read_text())["tensors"]
+    header, start = safetensors_io.read_header(weights_path)
+    for name in listed:
+        if name not in header:
             raise InputError(f"{weights_path}: tensor {name!r} listed in {MANIFEST_FILE} is missing")
+    extra = [name for name in header if name not in listed]
+    if extra:
+        raise InputError(f"{weights_path}: tensor {extra[0]!r} is not listed in {MANIFEST_FILE}")
+    code = safetensors_io.storage_code(dtype) if dtype is not None else None
+    end = 0
+    for name, info in sorted(header.items(), key=lambda item: item[1]["data_offsets"][0]):
+        if code is not None and info["dtype"] != code:
+            raise InputError(f"{weights_path}: tensor {name!r} is stored as {info['dtype']}, "
+                             f"not {code} ({dtype}, as config.json says)")
+        if info["data_offsets"][0] != end:
+            raise InputError(f"{weights_path}: tensor {name!r} does not start where the one before "
+                             f"it ends (byte {info['data_offsets'][0]}, not {end})")
+        end = info["data_offsets"][1]
+    if start + end != weights_path.stat().st_size:
+        raise InputError(f"{weights_path}: {weights_path.stat().st_size - start - end} bytes after the "
+                         f"last tensor that {MANIFEST_FILE} does not list")
+    got = tensor_hashes(weights_path)
+    for name, want in listed.items():
         if got[name] != want:
             raise InputError(f"{weights_path}: tensor {name!r} does not match {MANIFEST_FILE} "
                              f"(shape {got[name]['shape']} sha256 {got[name]['sha256'][:12]}..., "
                              f"expected shape {want['shape']} sha256 {want['sha256'][:12]}...)")
-    raise InputError(f"{weights_path}: SHA-256 does not match {MANIFEST_FILE} "
-                     "(every listed tensor matches, so the header or an extra tensor changed)")
 
 
 def file_sha256(path: Path) -> str:
@@ -142,15 +162,17 @@ def file_sha256(path: Path) -> str:
 
 
 def tensor_hashes(path: Path) -> dict[str, dict]:
-    """{name: {"shape", "sha256"}} over each tensor's bytes exactly as stored in the file."""
+    """{name: {"shape", "sha256"}} over each tensor's bytes exactly as stored in the file,
+    tensors on a few threads (hashlib releases the GIL on large buffers)."""
     header, start = safetensors_io.read_header(path)
     data = np.memmap(path, dtype=np.uint8, mode="r")
-    hashes = {}
-    for name, info in header.items():
+
+    def one(info: dict) -> dict:
         a, b = info["data_offsets"]
-        hashes[name] = {"shape": list(info["shape"]),
-                        "sha256": hashlib.sha256(data[start + a: start + b]).hexdigest()}
-    return hashes
+        return {"shape": list(info["shape"]), "sha256": hashlib.sha256(data[start + a: start + b]).hexdigest()}
+
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        return dict(zip(header, pool.map(one, header.values())))
 
 
 def copy_tokenizer_files(src_dir: str | Path, dst_dir: Path) -> None:

@@ -23,6 +23,11 @@ _NUMPY = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I64": np.int
 _CODE = {"fp32": "F32", "fp16": "F16", "bf16": "BF16"}
 
 
+def storage_code(dtype: str) -> str:
+    """The safetensors dtype code an engine dtype is stored as (fp16 -> "F16")."""
+    return _CODE[dtype]
+
+
 def read_header(path: str | Path) -> tuple[dict, int]:
     path = Path(path)
     size = path.stat().st_size
