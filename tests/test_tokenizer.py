@@ -176,3 +176,19 @@ def test_bad_config_is_named(tmp_path):
     (path / "tokenizer_config.json").write_text("[1, 2")
     with pytest.raises(ValueError, match="cannot read .*tokenizer_config.json"):
         load_tokenizer(path)
+
+
+def test_prompts_encoded_as_one_batch_are_each_prompts_ids(bpe_dir, char_dir):
+    """Task.load encodes the training prompts as one batch (on every core): the ids of each
+    are `make_prompt_fn`'s, and a text the tokenizer refuses is still named."""
+    from ratchet.data.prompts import make_prompt_fn, prompts_for
+
+    questions = ["How many apples are left?", "Natalia sold 48 clips.\nHow many?", " spaces  "]
+    tok = load_tokenizer(bpe_dir)
+    assert prompts_for(tok, "local", questions) == [make_prompt_fn(tok, "local")(q) for q in questions]
+    chars = load_tokenizer(char_dir)
+    assert prompts_for(chars, "synthetic", ["12+1=", "3+4="]) == [chars.encode("12+1="), chars.encode("3+4=")]
+    with pytest.raises(ValueError, match="cannot encode '1a2'"):
+        prompts_for(chars, "synthetic", ["12+1=", "1a2"])
+    with pytest.raises(ValueError, match="unknown data source 'nowhere'"):
+        prompts_for(chars, "nowhere", ["12+1="])

@@ -53,3 +53,10 @@ def make_prompt_fn(tokenizer, source: str):
         return tokenizer.prompt_ids(user, system=system)
 
     return prompt_fn
+
+
+def prompts_for(tokenizer, source: str, questions) -> list[list[int]]:
+    """`make_prompt_fn(tokenizer, source)` of every question, encoded as one batch."""
+    make_prompt_fn(tokenizer, source)  # the source's check
+    task = SOURCE_TASKS[source]
+    return tokenizer.encode_batch([tokenizer.render_prompt(*task_prompt(task, q)) for q in questions])

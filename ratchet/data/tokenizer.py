@@ -66,6 +66,14 @@ class Tokenizer:
             raise InputError(f"tokenizer {self.source}: cannot encode {text[:80]!r}: "
                              f"{exc}") from None
 
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """`encode` of each text, on every core (tokenizers' Rust threads): 7,473 GSM8K prompts
+        in a fraction of the 2.4 s one at a time takes; an error names the text, as `encode`."""
+        try:
+            return [e.ids for e in self.hf.encode_batch(texts, add_special_tokens=False)]
+        except Exception:  # find the culprit one at a time
+            return [self.encode(text) for text in texts]
+
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.hf.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 

@@ -21,13 +21,13 @@ class Task:
     def load(cls, model_dir, train_path, data_source: str, test_path=None,
              eval_problems: int = 0) -> "Task":
         from ratchet.data.datasets_io import load_split
-        from ratchet.data.prompts import make_prompt_fn
+        from ratchet.data.prompts import make_prompt_fn, prompts_for
         from ratchet.data.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(model_dir)
         prompt_fn = make_prompt_fn(tokenizer, data_source)
         train = load_split(train_path)
-        task = cls([prompt_fn(q) for q in train["question"]], list(train["target"]), tokenizer,
+        task = cls(prompts_for(tokenizer, data_source, train["question"]), list(train["target"]), tokenizer,
                    prompt_fn=prompt_fn)
         if test_path is not None and eval_problems:
             task.eval_problems = load_split(test_path).head(eval_problems)
