@@ -67,8 +67,8 @@ def colocated_worker(job: Job, rank: int, world: int, port: int | None, log=None
     evaluator = Evaluator(task, cfg.eval_every, cfg.steps, job.eval_max_new_tokens) if rank == 0 else None
     # it holds the trainer's current weights, rounded: the exact forward scores with it; its
     # rows: a step's answers, or rank 0's eval problems
-    rows = max(cfg.groups_per_worker * cfg.group_size, eval_rows(task) if evaluator is not None else 0)
-    engine = job.make_engine(model, batch_invariant=cfg.exact_forward, device=engine_gpu, rows=rows)
+    engine_rows = max(cfg.groups_per_worker * cfg.group_size, eval_rows(task) if evaluator is not None else 0)
+    engine = job.make_engine(model, batch_invariant=cfg.exact_forward, device=engine_gpu, rows=engine_rows)
     laps("engine")
     rollouts = Rollouts(task.prompts, cfg.group_size, cfg.max_new_tokens, cfg.temperature, cfg.seed,
                         cfg.groups_per_worker, extra_groups=0, max_staleness=cfg.max_staleness,
