@@ -73,3 +73,18 @@ def test_a_started_plan_runs_in_its_own_copy_of_the_checkout(tmp_path):
     assert (state / "rc").is_file(), (state / "plan.log").read_text()
     assert (state / "out" / "step1" / "seen.txt").read_text() == "as started\n"
     assert (state / "repo" / "results" / "r.txt").is_file() and not (repo / "results").exists()
+
+
+def test_a_poll_on_a_fresh_machine_says_the_run_is_lost_at_once(tmp_path):
+    """The machine goes back 30 s after a call, and a detached run with it: a poll that finds
+    no plan state says so and returns, instead of waiting out WAIT_S on an empty machine."""
+    repo = tmp_path / "repo"
+    (repo / "dev" / "gpu").mkdir(parents=True)
+    for name in ("plan.sh", "env.sh", "detached.sh"):
+        shutil.copy(GPU / name, repo / "dev" / "gpu" / name)
+    env = {"PATH": "/usr/bin:/bin", "PLAN_STATE": str(tmp_path / "gone"), "HOME": str(tmp_path), "WAIT_S": "60"}
+    start = time.monotonic()
+    polled = subprocess.run(["bash", "dev/gpu/plan.sh", "wait"], cwd=repo, capture_output=True, text=True,
+                            check=False, env=env)
+    assert polled.returncode == 3 and "a fresh machine, the run is lost" in polled.stdout
+    assert time.monotonic() - start < 30

@@ -24,7 +24,7 @@ run)
   run_timed "$state" python3 -m $command
   ;;
 wait)
-  wait_done "$state"
+  wait_done "$state" || exit 3
   grep -E "Finished jobid|Error|error|Exiting" "$state/snakemake.log" | tail -15
   for f in results/local/logs/ablate_*.log; do echo "== $f"; grep -E "updates|run|after training" "$f" | tail -14 | cut -c1-200; done
   [ -f "$state/rc" ] && echo "rc $(cat "$state/rc"), wall $(cat "$state/wall_s") s" || echo "still running"

@@ -24,6 +24,10 @@ run_timed() {  # STATE COMMAND...: the output to STATE/snakemake.log, then STATE
 }
 
 wait_done() {  # STATE: until STATE/rc exists, at most WAIT_S seconds (default 540)
+  # No STATE: this is a fresh machine (the last was given back, 30 s after a call, and the
+  # detached job with it). Say so at once: in the tenth session a poll waited out its 310 s on
+  # an empty machine.
+  [ -d "$1" ] || { echo "no $1 here: a fresh machine, the run is lost (start it again)"; return 3; }
   local end=$((SECONDS + ${WAIT_S:-540}))
   while [ ! -f "$1/rc" ] && [ $SECONDS -lt $end ]; do sleep 5; done
 }

@@ -42,7 +42,7 @@ run)
   echo 0 > "$state/rc"
   ;;
 wait)
-  wait_done "$state"
+  wait_done "$state" || exit 3
   tail -4 "$state/run.log"
   for f in "$state"/train-*.log; do [ -f "$f" ] && { echo "== $f"; grep "^\[split\] step" "$f" | tail -1; }; done
   [ -f "$state/rc" ] && echo "rc $(cat "$state/rc"), wall $(cat "$state/wall_s" 2>/dev/null) s" || echo "still running"

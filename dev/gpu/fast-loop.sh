@@ -48,7 +48,7 @@ run)
   echo 0 > "$state/rc"
   ;;
 wait)
-  wait_done "$state"
+  wait_done "$state" || exit 3
   tail -3 "$state/pytest-weights.txt" 2>/dev/null
   grep -h "^\[grpo_step\]" "$state/grpo-step.txt" 2>/dev/null | tail -20
   grep -hE "Error|error" "$state/grpo-step.txt" 2>/dev/null | tail -5

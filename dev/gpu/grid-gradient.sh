@@ -42,7 +42,7 @@ run)
   echo "$rc" > "$state/rc"
   ;;
 wait)
-  wait_done "$state"
+  wait_done "$state" || exit 3
   grep -E "Finished jobid|Error|error|Exiting" "$state/snakemake.log" | tail -8
   for f in results/local/logs/ablate_{decompose,gradient}.log "$state/bf16grid.log"; do
     [ -f "$f" ] && { echo "== $f"; grep -E "^\[ablate" "$f" | tail -6 | cut -c1-220; }

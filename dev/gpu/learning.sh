@@ -25,7 +25,7 @@ run)
     --resources gpu_jobs="$LEARN_JOBS" ${LEARN_SET:+--config set="$LEARN_SET"}
   ;;
 wait)
-  wait_done "$state"
+  wait_done "$state" || exit 3
   grep -E "Finished jobid|Error|error|Exiting" "$state/snakemake.log" | tail -12
   for f in results/local/logs/ablate_learning_run*.log; do
     [ -f "$f" ] && { echo "== $f"; grep -E "step|accuracy" "$f" | tail -2 | cut -c1-200; }

@@ -45,7 +45,7 @@ run)
   kill "$sampler"
   ;;
 wait)
-  wait_done "$state"
+  wait_done "$state" || exit 3
   grep -E "^\[|Finished jobid|Error|error|Exiting" "$state/snakemake.log" | tail -25
   for f in "results/$profile"/logs/*.log; do echo "== $f: $(grep -v '^\s*$' "$f" | tail -1 | cut -c1-240)"; done
   sort -n "$state/gpu_mem_mib.txt" | tail -1 | sed 's/^/peak GPU memory MiB so far: /'

@@ -63,7 +63,7 @@ run)
   echo 0 > "$state/rc"
   ;;
 wait)
-  wait_done "$state"
+  wait_done "$state" || exit 3
   cat "$state/plan.log"
   last=$(ls -t "$state"/step*.log 2>/dev/null | head -n 1)
   [ -n "$last" ] && { echo "== $last"; grep -E "^\[" "$last" | tail -n 6 | cut -c1-220; }
