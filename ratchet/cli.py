@@ -13,7 +13,7 @@ from pathlib import Path
 from ratchet import config as config_mod
 from ratchet.errors import InputError
 from ratchet.paths import RunPaths
-from ratchet.stages import CONFIG_ENV, STAGES, run_stage
+from ratchet.stages import CONFIG_ENV, STAGES, claim_gpus_for, run_stage
 from ratchet.stages.registry import COMMON
 
 # stages that only fetch, convert or tabulate: no engine or trainer, so any machine will do
@@ -140,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             from ratchet.progress import set_console_fd
 
             set_console_fd(args.progress_fd)
+        claim_gpus_for(args.stage, cfg)  # before the preflight's device check starts CUDA
         if not args.config_from_env:
             _preflight(args.stage, cfg)
         for job in _jobs(args.stage, cfg, getattr(args, "job", [])):

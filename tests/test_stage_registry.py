@@ -98,3 +98,15 @@ def test_a_change_to_the_train_section_reruns_the_ablations_that_take_its_knobs(
     for stage in ("ablate_decompose", "ablate_fix", "ablate_learning_run"):
         assert registry.settings(stage, base) != registry.settings(stage, cut), stage
     assert registry.settings("report", base) == registry.settings("report", cut)
+
+
+def test_the_gpu_stages_are_the_rules_that_take_gpu_jobs():
+    """A stage claims its GPU on a machine of several (ratchet/gpu_claim.py) where its rule
+    takes Snakemake's gpu_jobs: the registry's list and the rules agree."""
+    taking = set()
+    for smk in (ROOT / "workflow" / "rules").glob("*.smk"):
+        for block in re.split(r"\n(?=rule )", smk.read_text()):
+            found = re.match(r"\s*rule (\w+):", block)
+            if found and "gpu_jobs=" in block:
+                taking.add(found.group(1))
+    assert taking == set(registry.GPU_STAGES)

@@ -32,7 +32,7 @@ for name in split-2gpu colocated-2gpu split-1gpu colocated-1gpu; do
   mkdir -p "results/$name/local"
   for d in source data model engine; do ln -sfn "$PWD/results/local/$d" "results/$name/local/$d"; done
 done
-run split-2gpu 0,1 split
+run split-2gpu 0,1 split train.split.engine_in=process  # a GPU job claims one GPU unless asked for two
 run colocated-2gpu 0,1 colocated train.num_workers=2
 run split-1gpu 0 split
 run colocated-1gpu 0 colocated

@@ -18,7 +18,15 @@ from ratchet.stages.guard import (
     run_directory_lock,
     write_stamp,
 )
-from ratchet.stages.registry import COMMON, STAGES, Stage, job_label, settings  # noqa: F401 (the package's API)
+from ratchet.stages.registry import (  # noqa: F401 (the package's API)
+    COMMON,
+    GPU_STAGES,
+    STAGES,
+    Stage,
+    gpus_wanted,
+    job_label,
+    settings,
+)
 from ratchet.tracking import PIPELINE_ENV, StageRun
 
 CONFIG_ENV = "RATCHET_CONFIG_JSON"
@@ -33,14 +41,24 @@ def run_stage(stage: str, cfg: dict, by_hand: bool = False, force: bool = False,
         check_inputs(stage, cfg, job)
         if not force:
             check_overwrite(stage, cfg, job)
-    module = importlib.import_module(STAGES[stage].module)
     label = job_label(stage, job)
+    claim_gpus_for(stage, cfg, label)
+    module = importlib.import_module(STAGES[stage].module)
     start = time.perf_counter()
     with run_directory_lock(cfg, exclusive=by_hand), StageRun(label, cfg) as run:
         getattr(module, stage)(cfg, run, **(job or {}))
         run.log_metrics({"time/stage_s": time.perf_counter() - start})
         write_stamp(stage, cfg, job)
     print(f"[{label}] done in {time.perf_counter() - start:.1f} s")
+
+
+def claim_gpus_for(stage: str, cfg: dict, label: str | None = None) -> None:
+    """A GPU stage's GPUs on a machine of several (ratchet/gpu_claim.py), claimed before
+    anything in the process starts CUDA; once a process."""
+    if stage in GPU_STAGES:
+        from ratchet.gpu_claim import claim_gpus
+
+        claim_gpus(label or stage, gpus_wanted(stage, cfg))
 
 
 def pipeline_id_file(cfg: dict) -> Path:

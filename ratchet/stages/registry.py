@@ -27,6 +27,22 @@ class Stage:
     jobs: Callable[[dict], list[dict[str, str]]] | None = None
 
 
+# the stages whose rules take Snakemake's `gpu_jobs` (tests/test_stage_registry.py holds the
+# two together): on a machine of several GPUs each claims one (ratchet/gpu_claim.py)
+GPU_STAGES = ("build_engine", "eval_baseline", "bench", "train_colocated", "train_split",
+              "eval_after_colocated", "eval_after_split", "verify", "ablate_decompose",
+              "ablate_decompose_vllm", "ablate_fix", "ablate_learning_run")
+
+
+def gpus_wanted(stage: str, cfg: dict) -> int:
+    """The GPUs a stage's job claims: one, or what the training settings ask for (colocated
+    workers, one GPU each; the split engine in a process of its own, on a second GPU)."""
+    train = cfg["train"]
+    split = 2 if train["split"]["engine_in"] == "process" else 1
+    return {"train_colocated": train["num_workers"], "train_split": split,
+            "verify": max(train["num_workers"], split)}.get(stage, 1)
+
+
 def _trained(mode: str) -> Callable[[RunPaths], list[Path]]:
     return lambda p: [p.train_metrics(mode), p.train_trace(mode), p.train_summary(mode), p.train_manifest(mode)]
 
