@@ -77,15 +77,19 @@ def load_fp32(path: str | Path) -> dict[str, np.ndarray]:
         return dict(zip(header, pool.map(read, header.items())))
 
 
-def encode(arr: np.ndarray, dtype: str) -> bytes:
+def encode(arr: np.ndarray, dtype: str) -> memoryview:
+    """The bytes of `arr` stored in `dtype`, as a view of one contiguous array (no second copy
+    of the model's bytes, as `tobytes` made)."""
     arr = np.ascontiguousarray(arr, dtype=np.float32)
     if dtype == "bf16":
-        return fp32_to_bf16_bits(arr).tobytes()
-    if dtype == "fp16":
-        return arr.astype(np.float16).tobytes()
-    if dtype == "fp32":
-        return arr.tobytes()
-    raise InputError(f"unknown dtype {dtype!r}")
+        stored = np.ascontiguousarray(fp32_to_bf16_bits(arr))
+    elif dtype == "fp16":
+        stored = arr.astype(np.float16)
+    elif dtype == "fp32":
+        stored = arr
+    else:
+        raise InputError(f"unknown dtype {dtype!r}")
+    return memoryview(stored.reshape(-1)).cast("B")
 
 
 def save(path: str | Path, tensors: dict[str, np.ndarray], dtype: str,

@@ -38,7 +38,7 @@ def weights_digest(policy) -> str:
     h = hashlib.sha256()
     for name, w in policy.export_weights().items():
         h.update(name.encode())
-        h.update(w.detach().cpu().contiguous().numpy().tobytes())
+        h.update(memoryview(w.detach().cpu().contiguous().numpy()).cast("B"))  # no copy of the bytes
     return h.hexdigest()
 
 
