@@ -11,9 +11,11 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from ratchet.paths import RunPaths
@@ -62,6 +64,63 @@ def rule_times(benchmarks: Path) -> dict[str, float]:
     return {p.stem: float(pd.read_csv(p, sep="\t")["s"].iloc[0]) for p in sorted(benchmarks.glob("*.tsv"))}
 
 
+DONE = re.compile(r"^\[([\w-]+)\] done in ([\d.]+) s$", re.MULTILINE)
+# a training's step line: "[colocated] step   12  reward 0.516  ...  1.52s  |dlogp| ...  eval 0.600"
+STEP = re.compile(r"^\[(?:colocated|split)\] step +(\d+) +reward ([\d.]+) .*?([\d.]+)s"
+                  r"(?:  \|dlogp\| \S+)?(?:  eval ([\d.]+))?$", re.MULTILINE)
+
+
+def logged_rules(logs: Path) -> dict[str, float]:
+    """Each finished rule's wall seconds from its log's last line: what a run cut short still
+    says (Snakemake writes its benchmark files only for the rules it saw finish)."""
+    found = {}
+    for log in sorted(logs.glob("*.log")):
+        match = DONE.search(log.read_text())
+        if match:
+            found[match.group(1)] = float(match.group(2))
+    return found
+
+
+def logged_training(log: Path) -> dict | None:
+    """A training's summary from its log's step lines, where its metrics did not come back:
+    steps, their seconds, the median step after the first, the reward over the first and last
+    tenth, and the in-training evals by step."""
+    steps = STEP.findall(log.read_text()) if log.is_file() else []
+    if not steps:
+        return None
+    seconds = [float(s[2]) for s in steps]
+    rewards = [float(s[1]) for s in steps]
+    tenth = max(1, len(steps) // 10)
+    return {"from": "log", "steps": len(steps), "steps_s": round(sum(seconds), 3),
+            "median_step_s": float(np.median(seconds[1:] or seconds)),
+            "reward_first_tenth": float(np.mean(rewards[:tenth])),
+            "reward_last_tenth": float(np.mean(rewards[-tenth:])),
+            "eval_by_step": {int(s[0]): float(s[3]) for s in steps if s[3]}}
+
+
+def decomposition_headline(paths: RunPaths) -> dict | None:
+    """What the decomposition's tables say where the ablations' summary did not come back: each
+    source's largest gap per engine dtype after the most updates, the exact fix's largest gap
+    over every measurement and the tokens measured, and the visibility of the first and last
+    counted updates."""
+    if not paths.decompose_table.is_file():
+        return None
+    d = pd.read_parquet(paths.decompose_table)
+    last = d[d["updates"] == d["updates"].max()]
+    out = {"updates": int(d["updates"].max()),
+           "max_gap": {f"{r.engine_dtype}/{r.source}": float(r.abs_diff_max) for r in last.itertuples()}}
+    exact = d[d["source"] == "exact"]
+    if len(exact):
+        out["exact_max_gap_every_measurement"] = float(exact["abs_diff_max"].max())
+        out["exact_tokens_measured"] = int(exact["num_tokens"].sum())
+    if paths.visibility_table.is_file():
+        v = pd.read_parquet(paths.visibility_table)
+        ends = sorted({1, int(v["update"].max())} & set(v["update"]))
+        out["visible_share"] = {f"{r.dtype}/update{r.update}": float(r.changed_share)
+                                for r in v[v["update"].isin(ends)].itertuples()}
+    return out
+
+
 def summarize(run: Path, wall_s: float | None = None, peak_gpu_mib: float | None = None) -> dict:
     paths = RunPaths(run.parent, run.name)
     baseline = _json(paths.eval_json("baseline"))
@@ -86,13 +145,19 @@ def summarize(run: Path, wall_s: float | None = None, peak_gpu_mib: float | None
             out[f"gain_{mode}"] = gains[mode]
         if paths.train_metrics(mode).is_file():
             out[f"train_{mode}"] = training_summary(pd.read_parquet(paths.train_metrics(mode)))
+        elif (logged := logged_training(paths.log(f"train_{mode}"))) is not None:
+            out[f"train_{mode}"] = logged
         if verify and mode in verify:
             out[f"repro_identical_{mode}"] = verify[mode].get("identical")
     ablate = _json(paths.ablate_summary)
     if ablate:
         out["ablate"] = {k: v for k, v in ablate.items() if not isinstance(v, dict)}
+    elif (headline := decomposition_headline(paths)) is not None:
+        out["decomposition"] = headline
     if paths.benchmarks.is_dir():
         out["rule_wall_s"] = rule_times(paths.benchmarks)
+    if (paths.root / "logs").is_dir():
+        out["rules_done_s"] = logged_rules(paths.root / "logs")
     out["complete"] = all(p.is_file() for p in final_outputs(paths))
     return out
 
@@ -106,7 +171,8 @@ def peak_from_samples(path: Path) -> float | None:
 
 
 def collect(run: Path, out: Path, wall_s: float | None = None, command: str = "",
-            config: dict | None = None, gpu_samples: Path | None = None) -> dict:
+            config: dict | None = None, gpu_samples: Path | None = None, note: str = "",
+            extra: dict | None = None) -> dict:
     """Write the record of `run` to `out` (a fresh folder: written beside it, then renamed)."""
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -120,6 +186,9 @@ def collect(run: Path, out: Path, wall_s: float | None = None, command: str = ""
                 shutil.copy2(src, target)
     summary = summarize(run, wall_s, peak_from_samples(gpu_samples) if gpu_samples else None)
     summary["command"] = command
+    summary.update(extra or {})  # what the run's files cannot say (a machine, an observed figure)
+    if note:
+        summary["record_note"] = note
     if gpu_samples is not None and gpu_samples.is_file():  # the memory timeline, one sample a second
         shutil.copy2(gpu_samples, tmp / "gpu_memory_used_mib.txt")
     if config is not None:
@@ -139,6 +208,9 @@ def main(argv=None) -> None:
     parser.add_argument("--config", type=Path, default=None, help="the config file of the run")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                         help="the run's overrides of --config (snakemake's set=), so config.json is what ran")
+    parser.add_argument("--note", default="", help="what the record lacks and why (a run cut short)")
+    parser.add_argument("--extra", type=json.loads, default=None, metavar="JSON",
+                        help="fields the run's files cannot give, e.g. '{\"device\": \"NVIDIA H200\"}'")
     parser.add_argument("--gpu-samples", type=Path, default=None,
                         help="nvidia-smi memory.used samples (MiB per line) taken during the run")
     args = parser.parse_args(argv)
@@ -149,7 +221,8 @@ def main(argv=None) -> None:
         from ratchet import config as config_mod
 
         config = config_mod.load(args.config, args.set)
-    summary = collect(args.run, args.out, args.wall_s, args.command, config, args.gpu_samples)
+    summary = collect(args.run, args.out, args.wall_s, args.command, config, args.gpu_samples, args.note,
+                      args.extra)
     print(json.dumps({k: v for k, v in summary.items() if not isinstance(v, dict)}, indent=2))
 
 

@@ -76,3 +76,41 @@ def test_collect_writes_the_record_and_its_summary(tmp_path, monkeypatch):
     monkeypatch.setenv("RATCHET_COMMIT", "abc123")  # a copied checkout's stale .git: named instead
     again = collect(run, out, command="snakemake")
     assert (again["commit"], again["dirty"]) == ("abc123", None)
+
+
+def test_a_run_cut_short_is_recorded_from_its_logs_and_tables(tmp_path, monkeypatch):
+    """What a run cut short still says: each finished rule's time from its log, a training's
+    steps from its step lines where its metrics did not come back, and the decomposition's
+    headline from its tables; a note and the fields the files cannot give, as given."""
+    monkeypatch.chdir(tmp_path)
+    run, out = tmp_path / "results" / "local-1.5b", tmp_path / "records" / "cut"
+    logs = run / "logs"
+    logs.mkdir(parents=True)
+    (logs / "convert_weights.log").write_text("wrote x\n[convert_weights] done in 24.5 s\n")
+    (logs / "ablate_fix.log").write_text("[ablate] cuda engine (fp16)\n")  # started, never done
+    steps = ["[colocated] step    0  reward 0.500  loss +0.0013  len 294.5  2.53s  |dlogp| 6.3e-04  eval 0.600"]
+    steps += [f"[colocated] step {s:4d}  reward {0.5 + s / 100:.3f}  loss -0.0100  len 250.0  1.50s  |dlogp| 5.0e-04"
+              for s in range(1, 20)]
+    (logs / "train_colocated.log").write_text("\n".join(steps) + "\n[train_colocated] done in 60.0 s\n")
+    (logs / "train_split.log").write_text(
+        "[split] step    0  reward 0.547  loss +0.0087  lag 0  stale 0.00  gen 1.97s  wait 0.00s  1.39s  eval 0.600\n"
+        "[split] step    1  reward 0.750  loss -0.0205  lag 1  stale 1.00  gen 2.30s  wait 0.00s  0.74s\n")
+    (run / "ablate").mkdir()
+    rows = [{"engine_dtype": "fp16", "updates": u, "source": s, "abs_diff_max": g, "num_tokens": 100}
+            for u in (0, 3) for s, g in (("total", 0.1 * (u + 1)), ("exact", 0.0))]
+    pd.DataFrame(rows).to_parquet(run / "ablate" / "decompose.parquet")
+    pd.DataFrame([{"update": u, "dtype": "fp16", "changed_share": 0.1 / (u + 1)} for u in (0, 1, 2, 3)]) \
+        .to_parquet(run / "ablate" / "visibility.parquet")
+    summary = collect(run, out, command="snakemake", note="cut short", extra={"device": "H200", "host": None})
+    assert summary["rules_done_s"] == {"convert_weights": 24.5, "train_colocated": 60.0}
+    coloc, split = summary["train_colocated"], summary["train_split"]
+    assert coloc["from"] == "log" and coloc["steps"] == 20 and coloc["median_step_s"] == 1.5
+    assert coloc["steps_s"] == pytest.approx(2.53 + 19 * 1.5) and coloc["eval_by_step"] == {0: 0.6}
+    assert coloc["reward_first_tenth"] == pytest.approx(0.505) and coloc["reward_last_tenth"] == pytest.approx(0.685)
+    assert split["steps"] == 2 and split["steps_s"] == pytest.approx(2.13) and split["eval_by_step"] == {0: 0.6}
+    headline = summary["decomposition"]
+    assert headline["updates"] == 3 and headline["max_gap"] == {"fp16/total": pytest.approx(0.4), "fp16/exact": 0.0}
+    assert headline["exact_max_gap_every_measurement"] == 0.0 and headline["exact_tokens_measured"] == 200
+    assert headline["visible_share"] == {"fp16/update1": 0.05, "fp16/update3": 0.025}
+    assert summary["complete"] is False and summary["record_note"] == "cut short"
+    assert (summary["device"], summary["host"]) == ("H200", None)
