@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from ratchet import config as config_mod
-from ratchet.rl.checkpoint import (clean_temporaries, latest_checkpoint, list_checkpoints, load_checkpoint,
-                                   load_optimizer, load_rng, optimizer_tensors, read_state, rng_tensors,
-                                   save_checkpoint)
+from ratchet.rl.checkpoint import (CheckpointWriter, clean_temporaries, latest_checkpoint, list_checkpoints,
+                                   load_checkpoint, load_optimizer, load_rng, optimizer_tensors, read_state,
+                                   rng_tensors, save_checkpoint)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,6 +43,40 @@ def test_save_load_latest_and_pruning(tmp_path):
     assert not (tmp_path / ".step-000008.tmp-123").exists()
     # no pickle anywhere: safetensors and JSON only
     assert {p.suffix for p in (tmp_path / "step-000006").iterdir()} == {".safetensors", ".json"}
+
+
+def test_a_checkpoint_written_behind_the_run_is_the_one_written_in_place(tmp_path, monkeypatch):
+    """CheckpointWriter takes the tensors and the state as they are when asked (the run goes
+    on changing both while the thread writes), writes the same files as save_checkpoint, keeps
+    as many, and raises a failed write at the next wait."""
+    weights = torch.randn(64, 32)
+    rows = [{"step": 1}]
+    tensors = {"policy": {"a.weight": weights}, "rng": {"torch_cpu": torch.get_rng_state()}}
+    save_checkpoint(tmp_path / "in_place", 2, tensors, {"digest": "x", "rows": rows}, keep=1)
+    writer = CheckpointWriter()
+    writer.save(tmp_path / "behind", 2, tensors, {"digest": "x", "rows": rows}, keep=1)
+    kept = weights.clone()
+    weights.add_(1.0)  # the next step, while the write may be in flight
+    rows.append({"step": 2})
+    writer.wait()
+    for name in ("policy.safetensors", "rng.safetensors", "state.json"):
+        assert (tmp_path / "behind" / "step-000002" / name).read_bytes() == \
+            (tmp_path / "in_place" / "step-000002" / name).read_bytes(), name
+    got, state = load_checkpoint(latest_checkpoint(tmp_path / "behind", "x"))
+    assert torch.equal(got["policy"]["a.weight"], kept) and state["rows"] == [{"step": 1}]
+    writer.save(tmp_path / "behind", 4, tensors, {"digest": "x", "rows": rows}, keep=1)
+    writer.wait()
+    assert [p.name for p in list_checkpoints(tmp_path / "behind")] == ["step-000004"]
+
+    from ratchet.rl import checkpoint
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint, "save_file", full_disk)
+    writer.save(tmp_path / "behind", 6, tensors, {"digest": "x"}, keep=1)
+    with pytest.raises(OSError, match="No space left"):
+        writer.close()
 
 
 def test_optimizer_and_rng_round_trip_bit_exactly():

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from ratchet.rl.checkpoint import load_checkpoint, save_checkpoint
+from ratchet.rl.checkpoint import CheckpointWriter, load_checkpoint
 from ratchet.rl.comm import Comm, free_port, init_process_group
 from ratchet.rl.evaluate import Evaluator
 from ratchet.rl.job import (
@@ -85,6 +85,7 @@ def colocated_worker(job: Job, rank: int, world: int, port: int | None, log=None
         relog(rows, log if rank == 0 else None)
 
     telemetry = SyncTelemetry(policy, cfg.engine_dtype)  # what each sync carries to the engine
+    writer = CheckpointWriter() if job.checkpoints and rank == 0 else None  # writes behind the steps
     laps("telemetry")
     if rank == 0:
         print(f"[colocated] ready in {laps.line()}", flush=True)
@@ -121,9 +122,9 @@ def colocated_worker(job: Job, rank: int, world: int, port: int | None, log=None
         if job.checkpoints and ((step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps):
             states = comm.gather_json(rollouts.state_dict())
             if rank == 0:
-                save_checkpoint(job.checkpoint_dir, step + 1, trainer_tensors(policy, optimizer),
-                                {"digest": job.digest, "rollouts": states, "rows": rows, "trace": trace},
-                                keep=cfg.keep_checkpoints)
+                writer.save(job.checkpoint_dir, step + 1, trainer_tensors(policy, optimizer),
+                            {"digest": job.digest, "rollouts": states, "rows": rows, "trace": trace},
+                            keep=cfg.keep_checkpoints)
 
     summary = None
     if rank == 0:
@@ -132,6 +133,8 @@ def colocated_worker(job: Job, rank: int, world: int, port: int | None, log=None
             rows.append({"step": cfg.steps, **final_eval})
             if log is not None:
                 log(final_eval, cfg.steps)
+        if writer is not None:
+            writer.close()  # the last checkpoint written (beside the final eval)
         outputs = Timer()
         summary = write_outputs(job, policy, model.cfg, rows, trace,
                                 {"mode": "colocated", "num_workers": world})

@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from ratchet.rl.checkpoint import load_checkpoint, save_checkpoint
+from ratchet.rl.checkpoint import CheckpointWriter, load_checkpoint
 from ratchet.rl.comm import Comm, free_port, init_process_group
 from ratchet.rl.evaluate import Evaluator
 from ratchet.rl.job import (
@@ -143,6 +143,7 @@ def trainer_loop(job: Job, link, log=None, loaded: tuple | None = None) -> dict:
     # weights version -> checksums of what the engine should hold (sync/weights_parity)
     expected = {engine_version: dict(zip(engine_weights, torch_checksums(engine_weights.values())))}
     telemetry = SyncTelemetry(policy, cfg.engine_dtype, held=engine_weights)
+    writer = CheckpointWriter() if job.checkpoints else None  # writes behind the steps
     laps("telemetry")
     print(f"[split] trainer ready in {laps.line()}", flush=True)
     last_needed = cfg.steps - 1 - cfg.ahead  # the newest version the engine will ask for
@@ -172,7 +173,7 @@ def trainer_loop(job: Job, link, log=None, loaded: tuple | None = None) -> dict:
                       f"trainer's masters of version {engine_version}, rounded", flush=True)
         expected = {v: c for v, c in expected.items() if v >= engine_version}
         if job.checkpoints and step > start and step % cfg.checkpoint_every == 0:
-            _checkpoint(job, policy, optimizer, step, copies[engine_version], message, rows, trace)
+            _checkpoint(writer, job, policy, optimizer, step, copies[engine_version], message, rows, trace)
         groups = [Group.from_dict(d) for d in message["groups"]]
         # ---------------------------------------------------------------- train
         scorer = own_engine.synced(policy) if cfg.exact_forward else None
@@ -205,13 +206,15 @@ def trainer_loop(job: Job, link, log=None, loaded: tuple | None = None) -> dict:
         in_flight.wait()
     if job.checkpoints:
         final = {"version": engine_version, "rollouts": rollout_state}
-        _checkpoint(job, policy, optimizer, cfg.steps, copies[engine_version], final, rows, trace,
+        _checkpoint(writer, job, policy, optimizer, cfg.steps, copies[engine_version], final, rows, trace,
                     pending=False)
     if evaluator.due(cfg.steps):
         final_eval = evaluator(own_engine.synced(policy))
         rows.append({"step": cfg.steps, **final_eval})
         if log is not None:
             log(final_eval, cfg.steps)
+    if writer is not None:
+        writer.close()  # the last checkpoint written (beside the final eval)
     where = "thread" if isinstance(link, ThreadLink) else "process"
     outputs = Timer()
     summary = write_outputs(job, policy, model.cfg, rows, trace,
@@ -221,14 +224,12 @@ def trainer_loop(job: Job, link, log=None, loaded: tuple | None = None) -> dict:
     return summary
 
 
-def _checkpoint(job, policy, optimizer, step, engine_weights, message, rows, trace, pending=True):
+def _checkpoint(writer, job, policy, optimizer, step, engine_weights, message, rows, trace, pending=True):
     state = {"digest": job.digest, "rows": rows, "trace": trace,
              "pending": message if pending else None,
              "engine_version": message["version"], "rollouts": message["rollouts"]}
-    save_checkpoint(job.checkpoint_dir, step,
-                      {**trainer_tensors(policy, optimizer),
-                       "engine": {k: v.cpu() for k, v in engine_weights.items()}},
-                      state, keep=job.grpo.keep_checkpoints)
+    writer.save(job.checkpoint_dir, step, {**trainer_tensors(policy, optimizer), "engine": engine_weights},
+                state, keep=job.grpo.keep_checkpoints)
 
 
 def _print(step: int, row: dict) -> None:
