@@ -53,10 +53,15 @@ def training_summary(metrics: pd.DataFrame) -> dict:
         if col in steps:
             out[f"median_{col.split('/')[1]}"] = float(steps[col].median())
     if "train/reward" in steps and len(steps) >= 10:
-        tenth = max(1, len(steps) // 10)
-        out["reward_first_tenth"] = float(steps["train/reward"].iloc[:tenth].mean())
-        out["reward_last_tenth"] = float(steps["train/reward"].iloc[-tenth:].mean())
+        out.update(reward_tenths(steps["train/reward"].tolist()))
     return out
+
+
+def reward_tenths(rewards: list[float]) -> dict[str, float]:
+    """The mean reward over the first and the last tenth of the steps (at least one each)."""
+    tenth = max(1, len(rewards) // 10)
+    return {"reward_first_tenth": float(np.mean(rewards[:tenth])),
+            "reward_last_tenth": float(np.mean(rewards[-tenth:]))}
 
 
 def rule_times(benchmarks: Path) -> dict[str, float]:
@@ -89,12 +94,9 @@ def logged_training(log: Path) -> dict | None:
     if not steps:
         return None
     seconds = [float(s[2]) for s in steps]
-    rewards = [float(s[1]) for s in steps]
-    tenth = max(1, len(steps) // 10)
     return {"from": "log", "steps": len(steps), "steps_s": round(sum(seconds), 3),
             "median_step_s": float(np.median(seconds[1:] or seconds)),
-            "reward_first_tenth": float(np.mean(rewards[:tenth])),
-            "reward_last_tenth": float(np.mean(rewards[-tenth:])),
+            **reward_tenths([float(s[1]) for s in steps]),
             "eval_by_step": {int(s[0]): float(s[3]) for s in steps if s[3]}}
 
 

@@ -36,8 +36,13 @@ def visible_gpus() -> list[str]:
     return [str(i) for i, _ in enumerate(line for line in out.splitlines() if line.startswith("GPU "))]
 
 
+def _slot(gpu: str, k: int | str) -> str:
+    """The name of a GPU's k-th slot file (a UUID or an index, made safe for a file name)."""
+    return f"gpu-{re.sub(r'[^A-Za-z0-9_-]', '_', gpu)}.{k}.lock"
+
+
 def _slots(folder: Path, gpu: str) -> list[Path]:
-    return sorted(folder.glob(f"gpu-{re.sub(r'[^A-Za-z0-9_-]', '_', gpu)}.*.lock"))
+    return sorted(folder.glob(_slot(gpu, "*")))
 
 
 def _is_held(path: Path) -> bool:
@@ -66,9 +71,7 @@ def claim_gpus(label: str, count: int = 1) -> list[str] | None:
         held = {gpu: {p.name for p in _slots(folder, gpu) if _is_held(p)} for gpu in gpus}
         chosen = sorted(gpus, key=lambda g: (len(held[g]), gpus.index(g)))[:count]
         for gpu in chosen:
-            name = re.sub(r"[^A-Za-z0-9_-]", "_", gpu)
-            slot = next(f"gpu-{name}.{k}.lock" for k in range(len(held[gpu]) + 1)
-                        if f"gpu-{name}.{k}.lock" not in held[gpu])
+            slot = next(_slot(gpu, k) for k in range(len(held[gpu]) + 1) if _slot(gpu, k) not in held[gpu])
             f = open(folder / slot, "a")  # noqa: SIM115 (held open until the process ends)
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             _held.append(f)

@@ -23,8 +23,15 @@ _STEP_DIR = re.compile(r"^step-(\d+)$")
 def save_checkpoint(root: str | Path, step: int, tensors: dict[str, dict[str, torch.Tensor]],
                     state: dict, keep: int = 2) -> Path:
     """Write `<root>/step-<step>/` with one safetensors file per entry of `tensors`."""
-    host = {name: {k: v.detach().cpu().contiguous() for k, v in group.items()} for name, group in tensors.items()}
-    return _write(Path(root), step, host, json.dumps({**state, "step": step}) + "\n", keep)
+    return _write(Path(root), step, *_snapshot(step, tensors, state), keep)
+
+
+def _snapshot(step: int, tensors: dict[str, dict[str, torch.Tensor]], state: dict) -> tuple[dict, str]:
+    """(host copies of the tensors, the state as text): what a checkpoint of this moment holds,
+    whatever the run changes after."""
+    host = {name: {k: v.detach().to("cpu", copy=True).contiguous() for k, v in group.items()}
+            for name, group in tensors.items()}
+    return host, json.dumps({**state, "step": step}) + "\n"
 
 
 def _write(root: Path, step: int, host: dict[str, dict[str, torch.Tensor]], state_text: str, keep: int) -> Path:
@@ -61,10 +68,7 @@ class CheckpointWriter:
     def save(self, root: str | Path, step: int, tensors: dict[str, dict[str, torch.Tensor]], state: dict,
              keep: int = 2) -> None:
         self.wait()
-        host = {name: {k: v.detach().to("cpu", copy=True).contiguous() for k, v in group.items()}
-                for name, group in tensors.items()}
-        self._pending = self._pool.submit(_write, Path(root), step, host,
-                                          json.dumps({**state, "step": step}) + "\n", keep)
+        self._pending = self._pool.submit(_write, Path(root), step, *_snapshot(step, tensors, state), keep)
 
     def wait(self) -> None:
         pending, self._pending = self._pending, None

@@ -41,9 +41,8 @@ def run_stage(stage: str, cfg: dict, by_hand: bool = False, force: bool = False,
         check_inputs(stage, cfg, job)
         if not force:
             check_overwrite(stage, cfg, job)
-    label = job_label(stage, job)
-    claim_gpus_for(stage, cfg, label)
     module = importlib.import_module(STAGES[stage].module)
+    label = job_label(stage, job)
     start = time.perf_counter()
     with run_directory_lock(cfg, exclusive=by_hand), StageRun(label, cfg) as run:
         getattr(module, stage)(cfg, run, **(job or {}))
@@ -52,13 +51,13 @@ def run_stage(stage: str, cfg: dict, by_hand: bool = False, force: bool = False,
     print(f"[{label}] done in {time.perf_counter() - start:.1f} s")
 
 
-def claim_gpus_for(stage: str, cfg: dict, label: str | None = None) -> None:
-    """A GPU stage's GPUs on a machine of several (ratchet/gpu_claim.py), claimed before
-    anything in the process starts CUDA; once a process."""
+def claim_gpus_for(stage: str, cfg: dict) -> None:
+    """A GPU stage's GPUs on a machine of several (ratchet/gpu_claim.py): claimed by the CLI,
+    where a job's process starts, before its preflight or the stage can start CUDA."""
     if stage in GPU_STAGES:
         from ratchet.gpu_claim import claim_gpus
 
-        claim_gpus(label or stage, gpus_wanted(stage, cfg))
+        claim_gpus(stage, gpus_wanted(stage, cfg))
 
 
 def pipeline_id_file(cfg: dict) -> Path:
