@@ -29,6 +29,7 @@ def test_a_plan_runs_its_steps_in_order_past_a_failure_and_keeps_what_it_names(t
     state, out = tmp_path / "state", tmp_path / "out"
     state.mkdir()
     (state / "plan.txt").write_text("# a comment\n#keep results/*.txt\n\necho one > \"$OUT/a.txt\"\nexit 3\n"
+                                    "(echo piped; exit 4) | tail -n 1\n"  # the step's rc is its failing command's, not tail's
                                     "echo kept > results/r.txt && echo two > \"$OUT/b.txt\"\n")
     env = {"PATH": "/usr/bin:/bin", "PLAN_STATE": str(state), "HOME": str(tmp_path)}
     run = lambda *args, **kw: subprocess.run(["bash", "dev/gpu/plan.sh", *args], cwd=repo, capture_output=True,
@@ -36,16 +37,17 @@ def test_a_plan_runs_its_steps_in_order_past_a_failure_and_keeps_what_it_names(t
     assert run("run").returncode == 0
     log = (state / "plan.log").read_text().splitlines()
     assert [line.split(": ")[0].split(" start")[0] for line in log if " start " in line] == \
-        ["[plan] step 1/3", "[plan] step 2/3", "[plan] step 3/3"]
-    assert "[plan] step 2/3 rc 3" in "\n".join(log) and log[-1].startswith("[plan] done")
+        ["[plan] step 1/4", "[plan] step 2/4", "[plan] step 3/4", "[plan] step 4/4"]
+    assert "[plan] step 2/4 rc 3" in "\n".join(log) and log[-1].startswith("[plan] done")
+    assert "[plan] step 3/4 rc 4" in "\n".join(log) and (state / "step3.log").read_text() == "piped\n"
     assert (state / "out" / "step1" / "a.txt").read_text() == "one\n"
-    assert (state / "out" / "step3" / "b.txt").read_text() == "two\n"
+    assert (state / "out" / "step4" / "b.txt").read_text() == "two\n"
     out.mkdir()
     polled = run("collect", OUT=str(out))
     assert polled.returncode == 0, polled.stderr
     with tarfile.open(out / "plan.tgz") as plan:  # one archive: the device returns a limited number of files
         names = plan.getnames()
-        assert plan.extractfile("step3/b.txt").read() == b"two\n" and "./plan.log" in names, names
+        assert plan.extractfile("step4/b.txt").read() == b"two\n" and "./plan.log" in names, names
     with tarfile.open(out / "keep.tgz") as kept:  # one file: the device returns nothing deeper than two folders
         assert kept.extractfile("results/r.txt").read() == b"kept\n"
 

@@ -15,7 +15,8 @@
 # file: the device returns nothing more than two folders down), so a machine taken back mid-step
 # loses only the unfinished part. Poll with calls back to back: the machine goes back 30 s after
 # a call, and the detached job with it.
-# A failing step is recorded (its rc) and the next one starts. Before: the inputs the steps need
+# A failing step is recorded (its rc; a pipeline's is its first failing command's, so `cmd | tail`
+# fails when cmd does) and the next one starts. Before: the inputs the steps need
 # in place (wheels, data, model chunks; dev/gpu/assemble-model.sh runs on start).
 set -uo pipefail
 source dev/gpu/env.sh
@@ -56,7 +57,7 @@ run)
     i=$((i + 1)) && out="$state/out/step$i" && mkdir -p "$out"
     echo "[plan] step $i/$n start $(date +%T): $line" >> "$state/plan.log"
     t0=$SECONDS
-    OUT=$out bash -c "$line" > "$state/step$i.log" 2>&1 < /dev/null
+    OUT=$out bash -o pipefail -c "$line" > "$state/step$i.log" 2>&1 < /dev/null
     echo "[plan] step $i/$n rc $? in $((SECONDS - t0)) s" >> "$state/plan.log"
   done < <(steps)
   echo "[plan] done $(date +%T)" >> "$state/plan.log"
