@@ -18,11 +18,12 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
+
+from ratchet.gpu_memory import ProcessPeak
 
 FIXES = {"none": {}, "fix": {"round_weights": True}, "exact": {"round_weights": True, "exact_forward": True}}
 TIMES = ("time/step_s", "time/generate_s", "time/train_s", "time/sync_s", "time/wait_s")
@@ -107,33 +108,6 @@ def run_variant(config: str, overrides: list[str], variant: dict, steps: int, ou
     return result
 
 
-class GpuMemory:
-    """The largest GPU memory a process (and its children) held, sampled through nvidia-smi."""
-
-    def __init__(self, pid: int, every_s: float = 0.2):
-        self.pid, self.every_s, self.peak_mib = pid, every_s, 0.0
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._poll, daemon=True)
-        self.thread.start()
-
-    def _poll(self) -> None:
-        while not self.done.wait(self.every_s):
-            try:
-                text = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
-                                       "--format=csv,noheader,nounits"], capture_output=True,
-                                      text=True, timeout=5).stdout
-            except (OSError, subprocess.SubprocessError):
-                return
-            used = sum(float(m) for p, m in (line.split(",") for line in text.strip().splitlines() if "," in line)
-                       if int(p) == self.pid)
-            self.peak_mib = max(self.peak_mib, used)
-
-    def stop(self) -> float:
-        self.done.set()
-        self.thread.join()
-        return self.peak_mib / 1024
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default="config/local.yaml")
@@ -175,9 +149,9 @@ def main(argv: list[str] | None = None) -> None:
             cmd += ["--switch-interval-ms", str(args.switch_interval_ms)]
         print(f"[grpo_step] {variant['name']}: {args.steps} steps", flush=True)
         child = subprocess.Popen(cmd)
-        memory = GpuMemory(child.pid)
+        memory = ProcessPeak(child.pid, every_s=0.2)
         rc = child.wait()
-        peak = memory.stop()
+        peak = memory.stop() or 0.0
         if rc != 0:
             results.append({**variant, "error": f"exit status {rc}"})
             print(f"[grpo_step] {variant['name']} failed (exit status {rc})", flush=True)

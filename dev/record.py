@@ -70,17 +70,19 @@ def rule_times(benchmarks: Path) -> dict[str, float]:
 
 
 DONE = re.compile(r"^\[([\w-]+)\] done in ([\d.]+) s$", re.MULTILINE)
+PEAK = re.compile(r"^\[([\w-]+)\] peak GPU memory ([\d.]+) GiB", re.MULTILINE)
 # a training's step line: "[colocated] step   12  reward 0.516  ...  1.52s  |dlogp| ...  eval 0.600"
 STEP = re.compile(r"^\[(?:colocated|split)\] step +(\d+) +reward ([\d.]+) .*?([\d.]+)s"
                   r"(?:  \|dlogp\| \S+)?(?:  eval ([\d.]+))?$", re.MULTILINE)
 
 
-def logged_rules(logs: Path) -> dict[str, float]:
+def logged_rules(logs: Path, pattern: re.Pattern = DONE) -> dict[str, float]:
     """Each finished rule's wall seconds from its log's last line: what a run cut short still
-    says (Snakemake writes its benchmark files only for the rules it saw finish)."""
+    says (Snakemake writes its benchmark files only for the rules it saw finish); with PEAK,
+    each GPU rule's peak GPU memory in GiB (what config gpu_memory_gib is set from)."""
     found = {}
     for log in sorted(logs.glob("*.log")):
-        match = DONE.search(log.read_text())
+        match = pattern.search(log.read_text())
         if match:
             found[match.group(1)] = float(match.group(2))
     return found
@@ -160,6 +162,7 @@ def summarize(run: Path, wall_s: float | None = None, peak_gpu_mib: float | None
         out["rule_wall_s"] = rule_times(paths.benchmarks)
     if (paths.root / "logs").is_dir():
         out["rules_done_s"] = logged_rules(paths.root / "logs")
+        out["rule_gpu_peak_gib"] = logged_rules(paths.root / "logs", PEAK)
     out["complete"] = all(p.is_file() for p in final_outputs(paths))
     return out
 

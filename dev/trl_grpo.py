@@ -147,12 +147,12 @@ def main(argv: list[str] | None = None) -> None:
            "--out", str(Path(args.out).with_suffix(".part.json"))] + (["--no-vllm"] if args.no_vllm else [])
     for o in args.overrides:
         cmd += ["--set", o]
-    from dev.grpo_step import GpuMemory
+    from ratchet.gpu_memory import ProcessPeak
 
     child = subprocess.Popen(cmd)
-    memory = GpuMemory(child.pid)
+    memory = ProcessPeak(child.pid, every_s=0.2)
     rc = child.wait()
-    peak = memory.stop()
+    peak = memory.stop() or 0.0
     if rc != 0:
         raise SystemExit(f"trl_grpo: the training process failed (exit status {rc})")
     part = Path(args.out).with_suffix(".part.json")

@@ -1,8 +1,11 @@
-"""Which GPU a stage runs on, on a machine with several. Each GPU stage claims the GPU its
-fellow jobs hold least (a slot file locked with flock, released when the process ends,
-however it ends) and sees only that one (CUDA_VISIBLE_DEVICES), so Snakemake's
-`--resources gpu_jobs=N` spreads N jobs over the GPUs instead of stacking them on the first.
-With one GPU or none nothing changes; RATCHET_GPU_CLAIM=0 turns it off."""
+"""Which GPU a stage runs on, and when. Each GPU stage claims the GPU its fellow jobs hold least
+(a slot file locked with flock, released when the process ends, however it ends) and sees only
+that one (CUDA_VISIBLE_DEVICES), so Snakemake's `--resources gpu_jobs=N` spreads N jobs over
+the GPUs instead of stacking them on the first. A stage that says what GPU memory it needs at
+its peak (config `gpu_memory_gib`) writes it in its slot and waits, before it starts CUDA, until
+the jobs already on a GPU leave it that much: three 0.5B GPU rules at a time once ran an H200
+out of memory (two fp32 ablations of 64 GiB beside a verify). With one GPU and no need stated,
+or none, nothing changes; RATCHET_GPU_CLAIM=0 turns it off."""
 
 from __future__ import annotations
 
@@ -12,7 +15,10 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
+
+from ratchet.gpu_memory import gpu_totals_gib
 
 OFF_ENV = "RATCHET_GPU_CLAIM"  # "0": leave CUDA_VISIBLE_DEVICES as it is
 LOCKS_ENV = "RATCHET_GPU_LOCKS"  # the slot files' folder (default: one per user in the temp dir)
@@ -55,27 +61,66 @@ def _is_held(path: Path) -> bool:
         return False
 
 
-def claim_gpus(label: str, count: int = 1) -> list[str] | None:
-    """Claim the `count` least-held visible GPUs for this process and make them the only ones
-    it sees; returns their ids, or None where there is nothing to choose (no more GPUs than
-    asked for, or turned off)."""
+def _holders(folder: Path, gpu: str) -> list[tuple[str, str, float]]:
+    """The held slots of a GPU: (slot file, the job's label, the GiB it reserved)."""
+    found = []
+    for path in _slots(folder, gpu):
+        if _is_held(path):
+            label, _, gib = path.read_text().rpartition(" ")
+            try:
+                found.append((path.name, label or "a job", float(gib)))
+            except ValueError:  # a claim of before reservations, or one being written
+                found.append((path.name, label or "a job", 0.0))
+    return found
+
+
+def claim_gpus(label: str, count: int = 1, need_gib: float = 0.0, poll_s: float = 2.0) -> list[str] | None:
+    """Claim the `count` least-held visible GPUs for this process, each with `need_gib` of its
+    memory free of other jobs' reservations (waiting for it), and make them the only ones it
+    sees; returns their ids, or None where there is nothing to choose or wait for (no more
+    GPUs than asked for and no need stated, or turned off). A job that needs more than a GPU
+    has starts when that GPU holds no other job."""
     if os.environ.get(OFF_ENV) == "0" or _held:
         return None
     gpus = visible_gpus()
-    if len(gpus) <= count:
+    if not gpus or (len(gpus) <= count and need_gib <= 0):
         return None
+    totals = gpu_totals_gib(gpus) if need_gib > 0 else {}
+    if need_gib > 0 and not totals:
+        print(f"[{label}] the GPUs' memory is unknown (no nvidia-smi): {need_gib:g} GiB not waited for", flush=True)
     folder = Path(os.environ.get(LOCKS_ENV) or Path(tempfile.gettempdir()) / f"ratchet-gpus-{os.getuid()}")
     folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / "choose.lock", "a") as chooser:  # one claim at a time on this machine
-        fcntl.flock(chooser, fcntl.LOCK_EX)
-        held = {gpu: {p.name for p in _slots(folder, gpu) if _is_held(p)} for gpu in gpus}
-        chosen = sorted(gpus, key=lambda g: (len(held[g]), gpus.index(g)))[:count]
-        for gpu in chosen:
-            slot = next(_slot(gpu, k) for k in range(len(held[gpu]) + 1) if _slot(gpu, k) not in held[gpu])
-            f = open(folder / slot, "a")  # noqa: SIM115 (held open until the process ends)
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            _held.append(f)
-    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(chosen)
+    said, waited = 0.0, time.perf_counter()
+    while True:
+        with open(folder / "choose.lock", "a") as chooser:  # one claim at a time on this machine
+            fcntl.flock(chooser, fcntl.LOCK_EX)
+            held = {gpu: _holders(folder, gpu) for gpu in gpus}
+            room = {g: totals.get(g, float("inf")) - sum(gib for *_, gib in held[g]) for g in gpus}
+            fits = [g for g in gpus if need_gib <= room[g] or not held[g]]
+            if len(fits) >= count:
+                chosen = sorted(fits, key=lambda g: (len(held[g]), -room[g], gpus.index(g)))[:count]
+                for gpu in chosen:
+                    names = {name for name, *_ in held[gpu]}
+                    slot = next(_slot(gpu, k) for k in range(len(names) + 1) if _slot(gpu, k) not in names)
+                    f = open(folder / slot, "a")  # noqa: SIM115 (held open until the process ends)
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    f.truncate(0)
+                    f.write(f"{label} {need_gib:g}")
+                    f.flush()
+                    _held.append(f)
+                break
+        if time.perf_counter() - said >= 60:  # say why it waits, then once a minute
+            said = time.perf_counter()
+            best = max(gpus, key=lambda g: room[g])
+            jobs = ", ".join(f"{name} {gib:g}" for _, name, gib in held[best])
+            print(f"[{label}] waiting for {need_gib:g} GiB of GPU {best}: "
+                  f"{sum(gib for *_, gib in held[best]):g} of {totals.get(best, 0):.0f} GiB held by {jobs}", flush=True)
+        time.sleep(poll_s)
+    if len(gpus) > count:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(chosen)
     others = ", ".join(f"{len(held[g])} other jobs on GPU {g}" for g in chosen)
-    print(f"[{label}] GPU {','.join(chosen)} of {len(gpus)} ({others})", flush=True)
+    wait = time.perf_counter() - waited
+    print(f"[{label}] GPU {','.join(chosen)} of {len(gpus)} ({others}"
+          + (f"; {need_gib:g} GiB reserved" if need_gib > 0 else "")
+          + (f"; waited {wait:.0f} s" if wait >= 1 else "") + ")", flush=True)
     return chosen

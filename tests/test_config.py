@@ -38,8 +38,8 @@ def test_profiles_validate(profile):
 
 def test_the_15b_profile_is_the_local_study_on_the_larger_model():
     """local-1.5b.yaml differs from local.yaml only in its run name, model file, checkpoints
-    (none: the two trainings' would not fit the lent machine's disk), GPU rules at once (one)
-    and the ablations' answers a pass (8: their fp32 passes of 64 at 1.5B are not planned in
+    (none: the two trainings' would not fit the lent machine's disk), GPU rules at once (one,
+    so no stated GPU memory) and the ablations' answers a pass (8: their fp32 passes of 64 at 1.5B are not planned in
     memory)."""
     small, big = (cfgmod.load(ROOT / "config" / p) for p in ("local.yaml", "local-1.5b.yaml"))
     assert big["model"]["path"].endswith("qwen2.5-coder-1.5b-instruct.gguf")
@@ -48,6 +48,7 @@ def test_the_15b_profile_is_the_local_study_on_the_larger_model():
     assert (small["ablate"]["micro_batch_size"], big["ablate"]["micro_batch_size"]) == (64, 8)
     for cfg in (small, big):
         cfg.pop("run_name"), cfg.pop("gpu_job_slots"), cfg["model"].pop("path"), cfg["train"].pop("keep_checkpoints")
+        cfg.pop("gpu_memory_gib")
         cfg["ablate"].pop("micro_batch_size")
     assert small == big
 

@@ -91,7 +91,8 @@ def test_a_run_cut_short_is_recorded_from_its_logs_and_tables(tmp_path, monkeypa
     steps = ["[colocated] step    0  reward 0.500  loss +0.0013  len 294.5  2.53s  |dlogp| 6.3e-04  eval 0.600"]
     steps += [f"[colocated] step {s:4d}  reward {0.5 + s / 100:.3f}  loss -0.0100  len 250.0  1.50s  |dlogp| 5.0e-04"
               for s in range(1, 20)]
-    (logs / "train_colocated.log").write_text("\n".join(steps) + "\n[train_colocated] done in 60.0 s\n")
+    (logs / "train_colocated.log").write_text("\n".join(steps) + "\n[train_colocated] peak GPU memory 35.2 GiB "
+                                              "(this process, as nvidia-smi sees it)\n[train_colocated] done in 60.0 s\n")
     (logs / "train_split.log").write_text(
         "[split] step    0  reward 0.547  loss +0.0087  lag 0  stale 0.00  gen 1.97s  wait 0.00s  1.39s  eval 0.600\n"
         "[split] step    1  reward 0.750  loss -0.0205  lag 1  stale 1.00  gen 2.30s  wait 0.00s  0.74s\n")
@@ -103,6 +104,7 @@ def test_a_run_cut_short_is_recorded_from_its_logs_and_tables(tmp_path, monkeypa
         .to_parquet(run / "ablate" / "visibility.parquet")
     summary = collect(run, out, command="snakemake", note="cut short", extra={"device": "H200", "host": None})
     assert summary["rules_done_s"] == {"convert_weights": 24.5, "train_colocated": 60.0}
+    assert summary["rule_gpu_peak_gib"] == {"train_colocated": 35.2}
     coloc, split = summary["train_colocated"], summary["train_split"]
     assert coloc["from"] == "log" and coloc["steps"] == 20 and coloc["median_step_s"] == 1.5
     assert coloc["steps_s"] == pytest.approx(2.53 + 19 * 1.5) and coloc["eval_by_step"] == {0: 0.6}

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from ratchet.config import validate
 from ratchet.paths import RunPaths
@@ -110,3 +111,6 @@ def test_the_gpu_stages_are_the_rules_that_take_gpu_jobs():
             if found and "gpu_jobs=" in block:
                 taking.add(found.group(1))
     assert taking == set(registry.GPU_STAGES)
+    schema = yaml.safe_load((ROOT / "ratchet" / "schemas" / "config.schema.yaml").read_text())
+    # the GPU memory a profile may state: one key a GPU stage, and a default
+    assert set(schema["properties"]["gpu_memory_gib"]["properties"]) == {"default", *registry.GPU_STAGES}

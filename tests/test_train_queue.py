@@ -46,5 +46,7 @@ def test_a_mini_batch_of_several_passes_makes_no_synchronizing_call():
         finally:
             torch.cuda.set_sync_debug_mode(0)
     assert passes == 4
-    syncs = [str(w.message) for w in seen if "synchroniz" in str(w.message).lower()]
+    # torch's own notice that the debug mode is a prototype is not a synchronizing call
+    syncs = [str(w.message) for w in seen
+             if "synchroniz" in str(w.message).lower() and "prototype feature" not in str(w.message)]
     assert not syncs, syncs

@@ -23,6 +23,7 @@ from ratchet.stages.registry import (  # noqa: F401 (the package's API)
     GPU_STAGES,
     STAGES,
     Stage,
+    gpu_memory_wanted,
     gpus_wanted,
     job_label,
     settings,
@@ -44,20 +45,35 @@ def run_stage(stage: str, cfg: dict, by_hand: bool = False, force: bool = False,
     module = importlib.import_module(STAGES[stage].module)
     label = job_label(stage, job)
     start = time.perf_counter()
+    peak = _gpu_peak(stage)
     with run_directory_lock(cfg, exclusive=by_hand), StageRun(label, cfg) as run:
         getattr(module, stage)(cfg, run, **(job or {}))
-        run.log_metrics({"time/stage_s": time.perf_counter() - start})
+        held = peak.stop() if peak is not None else None
+        run.log_metrics({"time/stage_s": time.perf_counter() - start,
+                         **({"gpu/peak_gib": held} if held else {})})
         write_stamp(stage, cfg, job)
+    if held:  # what config gpu_memory_gib is set from
+        print(f"[{label}] peak GPU memory {held:.1f} GiB (this process, as nvidia-smi sees it)")
     print(f"[{label}] done in {time.perf_counter() - start:.1f} s")
 
 
+def _gpu_peak(stage: str):
+    """A GPU stage's peak memory, sampled while it runs where CUDA and nvidia-smi are."""
+    if stage not in GPU_STAGES or os.environ.get("CUDA_VISIBLE_DEVICES") in ("", "-1"):
+        return None
+    from ratchet.gpu_memory import ProcessPeak
+
+    return ProcessPeak()
+
+
 def claim_gpus_for(stage: str, cfg: dict) -> None:
-    """A GPU stage's GPUs on a machine of several (ratchet/gpu_claim.py): claimed by the CLI,
-    where a job's process starts, before its preflight or the stage can start CUDA."""
+    """A GPU stage's GPUs on a machine of several, and the memory it waits for on them
+    (ratchet/gpu_claim.py): claimed by the CLI, where a job's process starts, before its
+    preflight or the stage can start CUDA."""
     if stage in GPU_STAGES:
         from ratchet.gpu_claim import claim_gpus
 
-        claim_gpus(stage, gpus_wanted(stage, cfg))
+        claim_gpus(stage, gpus_wanted(stage, cfg), gpu_memory_wanted(stage, cfg))
 
 
 def pipeline_id_file(cfg: dict) -> Path:

@@ -43,6 +43,15 @@ def gpus_wanted(stage: str, cfg: dict) -> int:
             "verify": max(train["num_workers"], split)}.get(stage, 1)
 
 
+def gpu_memory_wanted(stage: str, cfg: dict) -> float:
+    """The GiB a GPU stage's job waits for on its GPU (config `gpu_memory_gib`; 0: no wait)."""
+    wanted = cfg.get("gpu_memory_gib") or {}
+    if stage not in GPU_STAGES:
+        return 0.0
+    own = wanted.get(stage)
+    return float(wanted.get("default") or 0 if own is None else own)
+
+
 def _trained(mode: str) -> Callable[[RunPaths], list[Path]]:
     return lambda p: [p.train_metrics(mode), p.train_trace(mode), p.train_summary(mode), p.train_manifest(mode)]
 

@@ -1,0 +1,78 @@
+"""GPU memory as nvidia-smi sees it: each GPU's total, and the most one process held. Both come
+from the driver, not from torch or CuPy, so they count every allocator and the CUDA context:
+what another job on the same GPU actually loses."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+
+TOTAL_ENV = "RATCHET_GPU_MEMORY_GIB"  # the GiB ratchet's jobs may use on each GPU (default: its total)
+
+
+def _smi(*query: str) -> list[list[str]]:
+    """nvidia-smi's CSV rows for a query, or [] where it is missing or fails."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return []
+    try:
+        out = subprocess.run([smi, *query, "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                             timeout=30, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [[cell.strip() for cell in line.split(",")] for line in out.splitlines() if "," in line]
+
+
+def gpu_totals_gib(gpus: list[str]) -> dict[str, float]:
+    """Each GPU's memory in GiB, the GPUs named as CUDA_VISIBLE_DEVICES names them (an index or a
+    UUID); RATCHET_GPU_MEMORY_GIB caps every GPU at that figure (a GPU shared with other work).
+    GPUs nvidia-smi cannot name are left out."""
+    cap = os.environ.get(TOTAL_ENV)
+    if cap:
+        try:
+            value = float(cap)
+        except ValueError:
+            raise ValueError(f"{TOTAL_ENV}={cap!r}: expected GiB as a number") from None
+        return dict.fromkeys(gpus, value)
+    totals = {}
+    for index, uuid, mib in _smi("--query-gpu=index,uuid,memory.total"):
+        totals[index] = totals[uuid] = float(mib) / 1024
+    return {g: totals[g] for g in gpus if g in totals}
+
+
+def process_used_mib(pid: int) -> float | None:
+    """The GPU memory (MiB) the process `pid` holds now over all GPUs, or None without nvidia-smi."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    return sum(float(mib) for p, mib in _smi("--query-compute-apps=pid,used_memory") if p == str(pid))
+
+
+class ProcessPeak:
+    """The most GPU memory a process held, sampled in the background every `every_s` seconds
+    (nvidia-smi: context and every allocator counted). `stop()` returns it in GiB, or None
+    where nvidia-smi is missing."""
+
+    def __init__(self, pid: int | None = None, every_s: float = 1.0):
+        self.pid, self.every_s, self.peak_mib = pid or os.getpid(), every_s, None
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._poll, name="ratchet-gpu-peak", daemon=True)
+        self.thread.start()
+
+    def _poll(self) -> None:
+        while True:
+            used = process_used_mib(self.pid)
+            if used is None:
+                return
+            self.peak_mib = max(self.peak_mib or 0.0, used)
+            if self.done.wait(self.every_s):
+                return
+
+    def stop(self) -> float | None:
+        self.done.set()
+        self.thread.join()
+        used = process_used_mib(self.pid)  # a last sample: a short stage may end between polls
+        if used is not None:
+            self.peak_mib = max(self.peak_mib or 0.0, used)
+        return None if self.peak_mib is None else self.peak_mib / 1024
