@@ -7,6 +7,7 @@ the store and the way out (`RATCHET_TRACKING=off`).
 
 from __future__ import annotations
 
+import importlib
 import json
 import sqlite3
 import urllib.error
@@ -34,6 +35,13 @@ def check_store(uri: str, timeout_s: float = 10.0) -> None:
 
 
 def _check_sqlite(path: Path, uri: str, timeout_s: float) -> None:
+    for module in ("sqlalchemy", "alembic"):  # MLflow's SQL store imports them only when first used,
+        try:                                  # in every job: mlflow-skinny alone lacks them
+            importlib.import_module(module)
+        except ImportError as e:
+            raise TrackingStoreError(f"MLflow store {uri} needs the {module} package, which this Python "
+                                     f"lacks ({e}): pip install sqlalchemy alembic (or the full mlflow), "
+                                     f"or {OFF_HINT}") from None
     if not path.exists():
         return  # MLflow creates it
     try:

@@ -31,12 +31,17 @@ def _stage(workdir: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
                           env=env, cwd=workdir, timeout=300)
 
 
-@pytest.mark.parametrize("store", ["garbage", "dead server"])
+@pytest.mark.parametrize("store", ["garbage", "dead server", "no alembic"])
 def test_a_bad_store_stops_within_seconds_with_one_line(tmp_path, store):
     (tmp_path / "results").mkdir()
     if store == "garbage":
         (tmp_path / "results" / "mlflow.db").write_text("not a database\n" * 10)
         env, named = _env(), "results/mlflow.db"
+    elif store == "no alembic":  # mlflow-skinny alone: its SQL store fails in every job, not up front
+        hidden = tmp_path / "hidden" / "alembic"
+        hidden.mkdir(parents=True)
+        (hidden / "__init__.py").write_text("raise ImportError(\"No module named 'alembic'\")\n")
+        env, named = _env(PYTHONPATH=f"{hidden.parent}:{ROOT}"), "needs the alembic package"
     else:
         env, named = _env(MLFLOW_TRACKING_URI="http://127.0.0.1:1"), "http://127.0.0.1:1"
     for run in (lambda: _snakemake(tmp_path, env, "download_model"),
