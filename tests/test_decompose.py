@@ -12,6 +12,7 @@ from tiny_setup import tiny_setup
 
 from ratchet.mismatch.decompose import SOURCES, along_updates
 from ratchet.mismatch.fix import fix_runs
+from ratchet.rl.runtime import Laps
 
 # the study's lr: a step of 1e-6 is a fraction of the fp16 spacing of most weights (N(0, 0.02))
 SETTINGS = dict(updates=(0, 1, 3), num_rollouts=16, max_new_tokens=4, problems_per_step=4,
@@ -162,7 +163,9 @@ def test_exact_fix_run_trains_like_the_fix_with_no_gap(tiny):
     after training), and its gradient is the fix's (straight through): same rewards and
     updates as the fix run, whose gap is the engine's arithmetic."""
     settings = ablate_settings(**{**SETTINGS, "fix_runs": ("fix", "exact"), "fix_steps": 10})
-    steps, runs = fix_runs(tiny, settings)
+    laps = Laps()
+    steps, runs = fix_runs(tiny, settings, laps=laps)
+    assert set(laps.laps) >= {"trainer and engines", "GRPO steps", "final gap"}  # by phase, for the stage's line
     by_run = {name: part.reset_index(drop=True) for name, part in steps.groupby("run")}
     trained = by_run["fix"]["num_tokens"] > 0  # a step whose groups all scored the same trains nothing
     assert trained.sum() >= 2

@@ -30,6 +30,7 @@ from ratchet.mismatch.gradient import (
     fresh_groups,
     variant_config,
 )
+from ratchet.rl.runtime import Laps
 from ratchet.rl.sync import sync_weights
 
 SETTINGS = dict(updates=(0, 3), num_rollouts=8, max_new_tokens=4, problems_per_step=4, group_size=8,
@@ -170,7 +171,10 @@ def test_the_three_studies_share_one_run_and_leave_each_other_alone(tiny, settin
     two from a run without it)."""
     both = dataclasses.replace(settings, updates=(0, 1), gradient_updates=(0, 3), visibility_updates=2)
     measured = dataclasses.replace(tiny, measure_prompts=tiny.task.prompts[-8:])
-    decompose, vis, grad = along_updates(measured, both, gradient_at=both.gradient_updates)
+    laps = Laps()
+    decompose, vis, grad = along_updates(measured, both, gradient_at=both.gradient_updates, laps=laps)
+    # where the run's time went, by phase (the stage prints it)
+    assert list(laps.laps) == ["trainer and engines", "GRPO updates", "visibility", "sources", "gradients"]
     alone_decompose, alone_vis, _ = along_updates(measured, both)
     assert decompose.equals(alone_decompose) and vis.equals(alone_vis)
     assert sorted(set(decompose["updates"])) == [0, 1] and vis["update"].max() == 2

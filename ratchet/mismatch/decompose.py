@@ -73,7 +73,7 @@ def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibili
                   visibility_updates: int | None = None,
                   measure_at: tuple[int, ...] | None = None,
                   backends: tuple[str, ...] | None = None,
-                  gradient_at: tuple[int, ...] = (), log_gradient=None,
+                  gradient_at: tuple[int, ...] = (), log_gradient=None, laps=None,
                   ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(decomposition, visibility, gradient) along one plain GRPO run: every update up to
     `visibility_updates` is counted as it happens, the sources measured after each count in
@@ -82,8 +82,12 @@ def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibili
     `log`. `backends`: measure the same masters on each of these engines (e.g. the setup's and
     vLLM), rows tagged with a `backend` column; None: the setup's engine alone, untagged.
     The gradient's fresh batches come from each dtype's own engine (a Rollouts of its own
-    seed, after a sync from the same masters), never the trajectory's."""
+    seed, after a sync from the same masters), never the trajectory's. `laps` (runtime.Laps):
+    where the time goes, by phase."""
     from ratchet.mismatch.gradient import gradient_rows
+    from ratchet.rl.runtime import Laps
+
+    laps = Laps() if laps is None else laps
 
     if visibility_updates is None:
         visibility_updates = settings.visibility_updates
@@ -100,8 +104,10 @@ def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibili
                 engines[(setup.backend, dtype)] = setup.engine(dtype)
     decompose_rows, visibility_rows, gradient_rows_ = [], [], []
     before = None
+    laps("trainer and engines")
     for update in range(max((*measure_at, *gradient_at, visibility_updates)) + 1):
         traj.advance_to(update, settings.max_steps_per_update)
+        laps("GRPO updates")
         if visibility_updates and update <= visibility_updates:
             after = traj.masters()
             found = first_rows(after, settings.engine_dtypes) if update == 0 else \
@@ -110,6 +116,7 @@ def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibili
             if log_visibility is not None:
                 log_visibility(update, found)
             before = after
+            laps("visibility")
         if update in measure_at:
             found = []
             for (backend, dtype), engine in engines.items():
@@ -121,10 +128,12 @@ def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibili
             decompose_rows += found
             if log is not None:
                 log(update, found)
+            laps("sources")
         if update in gradient_at:
             for dtype in settings.engine_dtypes:
                 found = gradient_rows(traj, engines[(setup.backend, dtype)], setup.task, settings, update)
                 gradient_rows_ += found
                 if log_gradient is not None:
                     log_gradient(dtype, update, found)
+            laps("gradients")
     return pd.DataFrame(decompose_rows), pd.DataFrame(visibility_rows), pd.DataFrame(gradient_rows_)

@@ -47,15 +47,20 @@ def short_gap(metrics: dict[str, float]) -> dict[str, float]:
     return {short: float(metrics.get(key, np.nan)) for key, short in GAP_COLUMNS.items()}
 
 
-def fix_runs(setup: Setup, settings: AblateSettings, log=None) -> tuple[pd.DataFrame, pd.DataFrame]:
+def fix_runs(setup: Setup, settings: AblateSettings, log=None, laps=None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Each of `settings.fix_runs` for `fix_steps` steps from the same seeds: (steps, runs), per
     step the reward and the loss's gap on that step's rollouts, per run the after-training
-    accuracy and the gap on fresh rollouts; `log(run, step, row)` after every step."""
+    accuracy and the gap on fresh rollouts; `log(run, step, row)` after every step. `laps`
+    (runtime.Laps): where the time goes, by phase."""
+    from ratchet.rl.runtime import Laps
+
+    laps = Laps() if laps is None else laps
     step_rows, run_rows = [], []
     for name in settings.fix_runs:
         cfg = settings.grpo(name, settings.fix_steps)
         run_setup = setup.for_run(cfg)
         traj = Trajectory(run_setup, cfg)
+        laps("trainer and engines")
         for step in range(settings.fix_steps):
             m = traj.train_step()
             row = {"run": name, "step": step, "updates": traj.updates,
@@ -67,10 +72,12 @@ def fix_runs(setup: Setup, settings: AblateSettings, log=None) -> tuple[pd.DataF
             step_rows.append(row)
             if log is not None:
                 log(name, step, row)
+        laps("GRPO steps")
         final = fresh_gap(traj.policy, traj.engine, setup.measure_prompts, settings.max_new_tokens,
                           settings.seed + 1, settings.temperature, settings.eps,
                           weight_dtype=cfg.weight_dtype, compute_dtype=cfg.compute_dtype,
                           exact_batch_size=cfg.micro_batch_size if cfg.exact_forward else None)
+        laps("final gap")
         summary = {"run": name, "steps": settings.fix_steps, "updates": traj.updates,
                    "weight_dtype": cfg.weight_dtype, "is_correction": cfg.is_correction,
                    "exact_forward": cfg.exact_forward}
@@ -78,6 +85,7 @@ def fix_runs(setup: Setup, settings: AblateSettings, log=None) -> tuple[pd.DataF
             ev, _ = greedy_eval(run_setup, traj, run_setup.eval_engine(cfg.engine_dtype))
             summary.update({"accuracy": ev["accuracy"], "accuracy_stderr": ev["accuracy_stderr"],
                             "eval_n": ev["n"]})
+            laps("evals")
         rewards = [r["reward"] for r in step_rows if r["run"] == name]
         last = rewards[-max(1, len(rewards) // 5):]
         summary["reward_last_fifth"] = float(np.mean(last))

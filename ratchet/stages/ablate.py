@@ -12,7 +12,7 @@ import numpy as np
 from ratchet.atomic import write_parquet
 from ratchet.paths import RunPaths
 from ratchet.progress import Progress
-from ratchet.rl.runtime import SMALL_MODEL_PARAMS
+from ratchet.rl.runtime import SMALL_MODEL_PARAMS, Laps
 
 
 def _one_thread() -> None:
@@ -141,9 +141,11 @@ def ablate_decompose(cfg: dict, run) -> None:
         print(f"[ablate_decompose] gradient, {dtype} after {updates:3d} updates, {rows[0]['num_tokens']} "
               f"tokens, gap mean {rows[0]['gap_mean']:.2e}: {others}", flush=True)
 
+    laps = Laps()
     frame, vis, grad = along_updates(setup, settings, log=log, log_visibility=log_visibility,
-                                     gradient_at=settings.gradient_updates, log_gradient=log_gradient)
+                                     gradient_at=settings.gradient_updates, log_gradient=log_gradient, laps=laps)
     run.log_metrics({"time/decompose_s": time.perf_counter() - start})  # all three: one GRPO run
+    print(f"[ablate_decompose] its run in {laps.line()}", flush=True)
     write_ablation(run, frame, paths.decompose_table, paths.decompose_figure, decomposition_figure)
     write_ablation(run, vis, paths.visibility_table, paths.visibility_figure, visibility_figure)
     write_ablation(run, grad, paths.gradient_table, paths.gradient_figure, gradient_figure)
@@ -223,7 +225,9 @@ def ablate_fix(cfg: dict, run) -> None:
         progress.update(settings.fix_runs.index(name) * settings.fix_steps + step + 1,
                         f"{name} reward {row['reward']:.3f}")
 
-    steps, runs = fix_runs(setup, settings, log=log)
+    laps = Laps()
+    steps, runs = fix_runs(setup, settings, log=log, laps=laps)
+    print(f"[ablate_fix] its runs in {laps.line()}", flush=True)
     print("[ablate_fix] after training:\n" + runs.to_string(index=False), flush=True)
     write_parquet(paths.fix_steps, steps)
     write_parquet(paths.fix_table, runs)
