@@ -85,6 +85,8 @@ def claim_gpus(label: str, count: int = 1, need_gib: float = 0.0, poll_s: float 
     gpus = visible_gpus()
     if not gpus or (len(gpus) <= count and need_gib <= 0):
         return None
+    choose = len(gpus) > count  # else it takes them all (say one GPU for a two-GPU split), but waits
+    count = min(count, len(gpus))
     totals = gpu_totals_gib(gpus) if need_gib > 0 else {}
     if need_gib > 0 and not totals:
         print(f"[{label}] the GPUs' memory is unknown (no nvidia-smi): {need_gib:g} GiB not waited for", flush=True)
@@ -116,7 +118,7 @@ def claim_gpus(label: str, count: int = 1, need_gib: float = 0.0, poll_s: float 
             print(f"[{label}] waiting for {need_gib:g} GiB of GPU {best}: "
                   f"{sum(gib for *_, gib in held[best]):g} of {totals.get(best, 0):.0f} GiB held by {jobs}", flush=True)
         time.sleep(poll_s)
-    if len(gpus) > count:
+    if choose:
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(chosen)
     others = ", ".join(f"{len(held[g])} other jobs on GPU {g}" for g in chosen)
     wait = time.perf_counter() - waited

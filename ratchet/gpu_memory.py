@@ -70,6 +70,7 @@ class ProcessPeak:
                 return
 
     def stop(self) -> float | None:
+        """The peak in GiB (None without nvidia-smi); stopping again returns it again."""
         self.done.set()
         self.thread.join()
         used = process_used_mib(self.pid)  # a last sample: a short stage may end between polls

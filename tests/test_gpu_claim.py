@@ -136,6 +136,16 @@ def test_a_job_waits_until_the_jobs_on_its_gpu_leave_it_the_memory_it_needs(one_
     assert line(third).endswith(" 0")  # one GPU: it keeps the CUDA_VISIBLE_DEVICES it had
 
 
+def test_a_two_gpu_job_on_one_gpu_takes_it_and_still_waits(one_gpu):
+    first = one_gpu(need_gib=80, name="ablate_fix")
+    line(first)
+    split = one_gpu(count=2, need_gib=36, name="train_split")  # engine_in process, one GPU
+    assert line(split).startswith("[train_split] waiting for 36 GiB of GPU 0")
+    first.kill()
+    first.wait()
+    assert line(split).startswith("[train_split] GPU 0 of 1 (0 other jobs on GPU 0; 36 GiB reserved")
+
+
 def test_a_job_larger_than_its_gpu_runs_when_the_gpu_is_free(one_gpu):
     small = one_gpu(need_gib=10, name="eval_baseline")
     line(small)

@@ -46,12 +46,16 @@ def run_stage(stage: str, cfg: dict, by_hand: bool = False, force: bool = False,
     label = job_label(stage, job)
     start = time.perf_counter()
     peak = _gpu_peak(stage)
-    with run_directory_lock(cfg, exclusive=by_hand), StageRun(label, cfg) as run:
-        getattr(module, stage)(cfg, run, **(job or {}))
-        held = peak.stop() if peak is not None else None
-        run.log_metrics({"time/stage_s": time.perf_counter() - start,
-                         **({"gpu/peak_gib": held} if held else {})})
-        write_stamp(stage, cfg, job)
+    try:
+        with run_directory_lock(cfg, exclusive=by_hand), StageRun(label, cfg) as run:
+            getattr(module, stage)(cfg, run, **(job or {}))
+            held = peak.stop() if peak is not None else None
+            run.log_metrics({"time/stage_s": time.perf_counter() - start,
+                             **({"gpu/peak_gib": held} if held else {})})
+            write_stamp(stage, cfg, job)
+    finally:
+        if peak is not None:
+            peak.stop()  # a failed stage's sampler too
     if held:  # what config gpu_memory_gib is set from
         print(f"[{label}] peak GPU memory {held:.1f} GiB (this process, as nvidia-smi sees it)")
     print(f"[{label}] done in {time.perf_counter() - start:.1f} s")
