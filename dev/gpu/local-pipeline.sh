@@ -20,9 +20,11 @@ source dev/gpu/detached.sh
 profile=${PROFILE:-local}
 state=/root/pipeline-$profile
 # GPU_JOBS: Snakemake's --resources gpu_jobs=N in place of the workflow profile's 2 (how many GPU rules share the GPU)
+# TARGETS: rule names to run instead of `all` (the 1.5B profile in two leases: dev/gpu/plans/issue20-a.txt, -b.txt)
+read -ra targets <<< "${TARGETS:-}"
 args=(--cores all --configfile "config/$profile.yaml" ${PIPELINE_SET:+--config "set=$PIPELINE_SET"}
-      ${GPU_JOBS:+--resources "gpu_jobs=$GPU_JOBS"})
-command="snakemake --cores all --configfile config/$profile.yaml${PIPELINE_SET:+ --config 'set=$PIPELINE_SET'}${GPU_JOBS:+ --resources gpu_jobs=$GPU_JOBS}"
+      ${GPU_JOBS:+--resources "gpu_jobs=$GPU_JOBS"} ${TARGETS:+--} "${targets[@]}")
+command="snakemake --cores all --configfile config/$profile.yaml${PIPELINE_SET:+ --config 'set=$PIPELINE_SET'}${GPU_JOBS:+ --resources gpu_jobs=$GPU_JOBS}${TARGETS:+ -- $TARGETS}"
 
 case "${1:?start, wait or collect}" in
 start)
