@@ -102,27 +102,41 @@ def claim_gpus(label: str, count: int = 1, need_gib: float = 0.0, poll_s: float 
             if len(fits) >= count:
                 chosen = sorted(fits, key=lambda g: (len(held[g]), -room[g], gpus.index(g)))[:count]
                 for gpu in chosen:
-                    names = {name for name, *_ in held[gpu]}
-                    slot = next(_slot(gpu, k) for k in range(len(names) + 1) if _slot(gpu, k) not in names)
-                    f = open(folder / slot, "a")  # noqa: SIM115 (held open until the process ends)
-                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    f.truncate(0)
-                    f.write(f"{label} {need_gib:g}")
-                    f.flush()
-                    _held.append(f)
+                    _take(folder, gpu, held[gpu], f"{label} {need_gib:g}")
                 break
         if time.perf_counter() - said >= 60:  # say why it waits, then once a minute
             said = time.perf_counter()
             best = max(gpus, key=lambda g: room[g])
             jobs = ", ".join(f"{name} {gib:g}" for _, name, gib in held[best])
-            print(f"[{label}] waiting for {need_gib:g} GiB of GPU {best}: "
-                  f"{sum(gib for *_, gib in held[best]):g} of {totals.get(best, 0):.0f} GiB held by {jobs}", flush=True)
+            print(f"[{label}] waiting for {need_gib:g} GiB of GPU {best}: {sum(gib for *_, gib in held[best]):g} "
+                  f"of {totals.get(best, 0):.0f} GiB held by {jobs}", flush=True)
         time.sleep(poll_s)
     if choose:
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(chosen)
-    others = ", ".join(f"{len(held[g])} other jobs on GPU {g}" for g in chosen)
-    wait = time.perf_counter() - waited
-    print(f"[{label}] GPU {','.join(chosen)} of {len(gpus)} ({others}"
-          + (f"; {need_gib:g} GiB reserved" if need_gib > 0 else "")
-          + (f"; waited {wait:.0f} s" if wait >= 1 else "") + ")", flush=True)
+    _say_claimed(label, chosen, len(gpus), held, need_gib, totals, time.perf_counter() - waited)
     return chosen
+
+
+def _take(folder: Path, gpu: str, holders: list, reservation: str) -> None:
+    """Hold a free slot file of `gpu` until this process ends, with its reservation in it."""
+    names = {name for name, *_ in holders}
+    slot = next(_slot(gpu, k) for k in range(len(names) + 1) if _slot(gpu, k) not in names)
+    f = open(folder / slot, "a")  # noqa: SIM115 (held open until the process ends)
+    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    f.truncate(0)
+    f.write(reservation)
+    f.flush()
+    _held.append(f)
+
+
+def _say_claimed(label: str, chosen: list[str], visible: int, held: dict, need_gib: float, totals: dict,
+                 waited_s: float) -> None:
+    others = ", ".join(f"{len(held[g])} other jobs on GPU {g}" for g in chosen)
+    print(f"[{label}] GPU {','.join(chosen)} of {visible} ({others}"
+          + (f"; {need_gib:g} GiB reserved" if need_gib > 0 else "")
+          + (f"; waited {waited_s:.0f} s" if waited_s >= 1 else "") + ")", flush=True)
+    small = [g for g in chosen if need_gib > totals.get(g, float("inf"))]
+    if small:  # it runs alone there, and may still not fit
+        print(f"[{label}] needs {need_gib:g} GiB (config gpu_memory_gib), more than GPU {small[0]}'s "
+              f"{totals[small[0]]:.0f} GiB: it runs with the GPU to itself and may run out of memory "
+              "(smaller passes, then a smaller gpu_memory_gib)", flush=True)

@@ -154,6 +154,7 @@ def test_a_job_larger_than_its_gpu_runs_when_the_gpu_is_free(one_gpu):
     small.kill()
     small.wait()
     assert "120 GiB reserved" in line(big)
+    assert "more than GPU 0's 100 GiB: it runs with the GPU to itself" in line(big)
 
 
 def test_memory_picks_the_gpu_where_a_job_fits(tmp_path):
