@@ -90,6 +90,30 @@ def test_every_gpu_rule_takes_the_profiles_gpu_job_slots(tmp_path):
     assert set(taken[1].values()) == {1} and set(taken[2].values()) == {2} and set(taken[1]) == set(taken[2])
 
 
+def test_every_gpu_rule_asks_snakemake_for_the_gpu_memory_its_profile_states(tmp_path):
+    """gpu_memory_gib becomes each GPU rule's `gpu_mem_gib` resource (rounded up; the default
+    for a stage not named, 0 where nothing is stated), so `--resources gpu_mem_gib=N` starts
+    only the GPU rules that fit beside those running."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RATCHET_", "MLFLOW_"))}
+    asked = {}
+    for stated in ("", "gpu_memory_gib.ablate_fix=66.2 gpu_memory_gib.default=16"):
+        proc = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"),
+                               "--directory", str(tmp_path), "-n", "--cores", "1", "--resources", "gpu_mem_gib=100",
+                               "--config", f"set={stated}", "--", "all"],
+                              capture_output=True, text=True, env={**env, "RATCHET_TRACKING": "off"}, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        rule = None
+        for line in proc.stdout.splitlines():
+            if m := re.match(r"^(?:local)?rule (\w+):", line):
+                rule = m.group(1)
+            elif rule and (m := re.search(r"gpu_mem_gib=(\d+)", line)):
+                asked.setdefault(stated, {})[rule] = int(m.group(1))
+    none, some = asked[""], asked["gpu_memory_gib.ablate_fix=66.2 gpu_memory_gib.default=16"]
+    assert set(none) == set(some) and set(none) <= set(registry.GPU_STAGES) and "train_split" in none
+    assert set(none.values()) == {0}
+    assert some.pop("ablate_fix") == 67 and set(some.values()) == {16}
+
+
 def test_a_change_to_the_train_section_reruns_the_ablations_that_take_its_knobs():
     """The ablation runs are the train section's GRPO settings with ablate's over them
     (AblateSettings.train: its token cut, attention, AdamW's betas, ...): a change there must

@@ -20,11 +20,14 @@ source dev/gpu/detached.sh
 profile=${PROFILE:-local}
 state=/root/pipeline-$profile
 # GPU_JOBS: Snakemake's --resources gpu_jobs=N in place of the workflow profile's 2 (how many GPU rules share the GPU)
+# GPU_MEM_GIB: --resources gpu_mem_gib=N, the GPU's memory, so that Snakemake starts only the GPU rules that
+#   fit beside those running (the profile's gpu_memory_gib; an H200: 140)
 # TARGETS: rule names to run instead of `all` (the 1.5B profile in two leases: dev/gpu/plans/issue20-a.txt, -b.txt)
 read -ra targets <<< "${TARGETS:-}"
+resources=(${GPU_JOBS:+"gpu_jobs=$GPU_JOBS"} ${GPU_MEM_GIB:+"gpu_mem_gib=$GPU_MEM_GIB"})
 args=(--cores all --configfile "config/$profile.yaml" ${PIPELINE_SET:+--config "set=$PIPELINE_SET"}
-      ${GPU_JOBS:+--resources "gpu_jobs=$GPU_JOBS"} ${TARGETS:+--} "${targets[@]}")
-command="snakemake --cores all --configfile config/$profile.yaml${PIPELINE_SET:+ --config 'set=$PIPELINE_SET'}${GPU_JOBS:+ --resources gpu_jobs=$GPU_JOBS}${TARGETS:+ -- $TARGETS}"
+      ${resources[0]:+--resources} "${resources[@]}" ${TARGETS:+--} "${targets[@]}")
+command="snakemake --cores all --configfile config/$profile.yaml${PIPELINE_SET:+ --config 'set=$PIPELINE_SET'}${resources[0]:+ --resources ${resources[*]}}${TARGETS:+ -- $TARGETS}"
 
 case "${1:?start, wait or collect}" in
 start)

@@ -32,6 +32,7 @@ rule ablate_decompose:
     priority: 8
     resources:
         gpu_jobs=GPU_JOB_SLOTS,
+        gpu_mem_gib=gpu_mem_gib("ablate_decompose"),
     conda:
         "../envs/ratchet.yaml"
     log:
@@ -61,6 +62,7 @@ rule ablate_fix:
     priority: 7
     resources:
         gpu_jobs=GPU_JOB_SLOTS,
+        gpu_mem_gib=gpu_mem_gib("ablate_fix"),
     conda:
         "../envs/ratchet.yaml"
     log:
@@ -85,6 +87,7 @@ rule ablate_decompose_vllm:
         settings=stage_settings("ablate_decompose_vllm"),
     resources:
         gpu_jobs=GPU_JOB_SLOTS,
+        gpu_mem_gib=gpu_mem_gib("ablate_decompose_vllm"),
     conda:
         "../envs/ratchet.yaml"
     log:

@@ -1,4 +1,5 @@
 import json
+import math
 import os
 import sys
 from shlex import quote as shlex_quote
@@ -12,7 +13,7 @@ from ratchet.device import resolve_backend
 from ratchet.preflight import check_device
 from ratchet.tracking_store import TrackingStoreError, check_store
 from ratchet.paths import RunPaths
-from ratchet.stages import export_to_jobs, settings
+from ratchet.stages import export_to_jobs, gpu_memory_wanted, settings
 from ratchet.tracking import PIPELINE_ENV, close_abandoned_pipelines, end_pipeline, tracking_uri
 from ratchet.tracking import enabled as tracking_enabled
 
@@ -32,6 +33,14 @@ validate(config, str(ratchet.config.SCHEMA_PATH))
 
 P = RunPaths.from_config(config)
 GPU_JOB_SLOTS = config["gpu_job_slots"]  # of --resources gpu_jobs (profiles/default: 2) a GPU rule takes
+
+
+def gpu_mem_gib(stage):
+    """The GiB a GPU rule's job holds at its peak (config gpu_memory_gib, rounded up; 0 where
+    none is stated). Given the GPU's memory (`--resources gpu_mem_gib=140`), Snakemake starts
+    only the GPU rules that fit beside those running; without it the jobs still wait on the
+    GPU itself (ratchet/gpu_claim.py), each holding a gpu_jobs slot as it waits."""
+    return math.ceil(gpu_memory_wanted(stage, config))
 
 # The stages read the whole validated config from the environment the jobs inherit, and all
 # jobs of this invocation share one MLflow parent run. Each rule names the config sections it

@@ -10,6 +10,7 @@ rule eval_baseline:
     priority: 5
     resources:
         gpu_jobs=GPU_JOB_SLOTS,
+        gpu_mem_gib=gpu_mem_gib("eval_baseline"),
     conda:
         "../envs/ratchet.yaml"
     log:
@@ -29,6 +30,7 @@ rule bench:
         settings=stage_settings("bench"),
     resources:
         gpu_jobs=GPU_JOB_SLOTS,
+        gpu_mem_gib=gpu_mem_gib("bench"),
     conda:
         "../envs/ratchet.yaml"
     log:

@@ -67,6 +67,7 @@ rule build_engine:
         settings=stage_settings("build_engine"),
     resources:
         gpu_jobs=GPU_JOB_SLOTS,
+        gpu_mem_gib=gpu_mem_gib("build_engine"),
     conda:
         "../envs/ratchet.yaml"
     log:

@@ -22,6 +22,7 @@ rule train_colocated:
     priority: 10
     resources:
         gpu_jobs=GPU_JOB_SLOTS,
+        gpu_mem_gib=gpu_mem_gib("train_colocated"),
     conda:
         "../envs/ratchet.yaml"
     log:
@@ -47,6 +48,7 @@ rule train_split:
     priority: 10
     resources:
         gpu_jobs=GPU_JOB_SLOTS,
+        gpu_mem_gib=gpu_mem_gib("train_split"),
     conda:
         "../envs/ratchet.yaml"
     log:
@@ -69,6 +71,7 @@ rule eval_after_colocated:
     priority: 5
     resources:
         gpu_jobs=GPU_JOB_SLOTS,
+        gpu_mem_gib=gpu_mem_gib("eval_after_colocated"),
     conda:
         "../envs/ratchet.yaml"
     log:
@@ -89,6 +92,7 @@ rule eval_after_split:
     priority: 5
     resources:
         gpu_jobs=GPU_JOB_SLOTS,
+        gpu_mem_gib=gpu_mem_gib("eval_after_split"),
     conda:
         "../envs/ratchet.yaml"
     log:
@@ -108,6 +112,7 @@ rule verify:
     priority: 6
     resources:
         gpu_jobs=GPU_JOB_SLOTS,
+        gpu_mem_gib=gpu_mem_gib("verify"),
     conda:
         "../envs/ratchet.yaml"
     log:
