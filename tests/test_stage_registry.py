@@ -69,23 +69,28 @@ def test_reading_the_workflow_imports_no_torch(dry_run):
     assert "torch" not in imported, "the workflow's imports reach torch"
 
 
+def _dry_run_resource(workdir: Path, resource: str, *args: str) -> dict[str, int]:
+    """{rule: the value of `resource` its job asks for} in a dry run of `all` with `args`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RATCHET_", "MLFLOW_"))}
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"),
+                           "--directory", str(workdir), "-n", "--cores", "1", *args, "--", "all"],
+                          capture_output=True, text=True, env={**env, "RATCHET_TRACKING": "off"}, timeout=300,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    asked, rule = {}, None
+    for line in proc.stdout.splitlines():
+        if m := re.match(r"^(?:local)?rule (\w+):", line):
+            rule = m.group(1)
+        elif rule and (m := re.search(rf"{resource}=(\d+)", line)):
+            asked[rule] = int(m.group(1))
+    return asked
+
+
 def test_every_gpu_rule_takes_the_profiles_gpu_job_slots(tmp_path):
     """gpu_job_slots: 2 makes every GPU rule take both of the default limit's gpu_jobs, so a
     model whose trainings do not fit twice on the GPU runs them one at a time."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RATCHET_", "MLFLOW_"))}
-    taken = {}
-    for slots in (1, 2):
-        proc = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"),
-                               "--directory", str(tmp_path), "-n", "--cores", "1", "--config",
-                               f"set=gpu_job_slots={slots}", "--", "all"],
-                              capture_output=True, text=True, env={**env, "RATCHET_TRACKING": "off"}, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        rule = None
-        for line in proc.stdout.splitlines():
-            if m := re.match(r"^(?:local)?rule (\w+):", line):
-                rule = m.group(1)
-            elif rule and (m := re.search(r"gpu_jobs=(\d+)", line)):
-                taken.setdefault(slots, {})[rule] = int(m.group(1))
+    taken = {slots: _dry_run_resource(tmp_path, "gpu_jobs", "--config", f"set=gpu_job_slots={slots}")
+             for slots in (1, 2)}
     assert {"train_colocated", "train_split", "ablate_decompose", "eval_baseline"} <= set(taken[1])
     assert set(taken[1].values()) == {1} and set(taken[2].values()) == {2} and set(taken[1]) == set(taken[2])
 
@@ -94,21 +99,9 @@ def test_every_gpu_rule_asks_snakemake_for_the_gpu_memory_its_profile_states(tmp
     """gpu_memory_gib becomes each GPU rule's `gpu_mem_gib` resource (rounded up; the default
     for a stage not named, 0 where nothing is stated), so `--resources gpu_mem_gib=N` starts
     only the GPU rules that fit beside those running."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RATCHET_", "MLFLOW_"))}
-    asked = {}
-    for stated in ("", "gpu_memory_gib.ablate_fix=66.2 gpu_memory_gib.default=16"):
-        proc = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"),
-                               "--directory", str(tmp_path), "-n", "--cores", "1", "--resources", "gpu_mem_gib=100",
-                               "--config", f"set={stated}", "--", "all"],
-                              capture_output=True, text=True, env={**env, "RATCHET_TRACKING": "off"}, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        rule = None
-        for line in proc.stdout.splitlines():
-            if m := re.match(r"^(?:local)?rule (\w+):", line):
-                rule = m.group(1)
-            elif rule and (m := re.search(r"gpu_mem_gib=(\d+)", line)):
-                asked.setdefault(stated, {})[rule] = int(m.group(1))
-    none, some = asked[""], asked["gpu_memory_gib.ablate_fix=66.2 gpu_memory_gib.default=16"]
+    none, some = (_dry_run_resource(tmp_path, "gpu_mem_gib", "--resources", "gpu_mem_gib=100", "--config",
+                                    f"set={stated}")
+                  for stated in ("", "gpu_memory_gib.ablate_fix=66.2 gpu_memory_gib.default=16"))
     assert set(none) == set(some) and set(none) <= set(registry.GPU_STAGES) and "train_split" in none
     assert set(none.values()) == {0}
     assert some.pop("ablate_fix") == 67 and set(some.values()) == {16}
