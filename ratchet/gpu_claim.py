@@ -12,13 +12,11 @@ from __future__ import annotations
 import fcntl
 import os
 import re
-import shutil
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
-from ratchet.gpu_memory import gpu_totals_gib
+from ratchet.gpu_memory import gpu_totals_gib, smi_rows
 
 OFF_ENV = "RATCHET_GPU_CLAIM"  # "0": leave CUDA_VISIBLE_DEVICES as it is
 LOCKS_ENV = "RATCHET_GPU_LOCKS"  # the slot files' folder (default: one per user in the temp dir)
@@ -32,14 +30,7 @@ def visible_gpus() -> list[str]:
     if listed is not None:
         ids = [x.strip() for x in listed.split(",") if x.strip()]
         return ids[:ids.index("-1")] if "-1" in ids else ids
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return []
-    try:
-        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30, check=False).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return [str(i) for i, _ in enumerate(line for line in out.splitlines() if line.startswith("GPU "))]
+    return [row[0] for row in smi_rows("--query-gpu=index,uuid")]
 
 
 def _slot(gpu: str, k: int | str) -> str:

@@ -12,7 +12,7 @@ import threading
 TOTAL_ENV = "RATCHET_GPU_MEMORY_GIB"  # the GiB ratchet's jobs may use on each GPU (default: its total)
 
 
-def _smi(*query: str) -> list[list[str]]:
+def smi_rows(*query: str) -> list[list[str]]:
     """nvidia-smi's CSV rows for a query, or [] where it is missing or fails."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
@@ -37,7 +37,7 @@ def gpu_totals_gib(gpus: list[str]) -> dict[str, float]:
             raise ValueError(f"{TOTAL_ENV}={cap!r}: expected GiB as a number") from None
         return dict.fromkeys(gpus, value)
     totals = {}
-    for index, uuid, mib in _smi("--query-gpu=index,uuid,memory.total"):
+    for index, uuid, mib in smi_rows("--query-gpu=index,uuid,memory.total"):
         totals[index] = totals[uuid] = float(mib) / 1024
     return {g: totals[g] for g in gpus if g in totals}
 
@@ -46,7 +46,7 @@ def process_used_mib(pid: int) -> float | None:
     """The GPU memory (MiB) the process `pid` holds now over all GPUs, or None without nvidia-smi."""
     if shutil.which("nvidia-smi") is None:
         return None
-    return sum(float(mib) for p, mib in _smi("--query-compute-apps=pid,used_memory") if p == str(pid))
+    return sum(float(mib) for p, mib in smi_rows("--query-compute-apps=pid,used_memory") if p == str(pid))
 
 
 class ProcessPeak:
@@ -55,7 +55,7 @@ class ProcessPeak:
     where nvidia-smi is missing."""
 
     def __init__(self, pid: int | None = None, every_s: float = 1.0):
-        self.pid, self.every_s, self.peak_mib = pid or os.getpid(), every_s, None
+        self.pid, self.every_s, self.peak_mib, self.stopped = pid or os.getpid(), every_s, None, False
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._poll, name="ratchet-gpu-peak", daemon=True)
         self.thread.start()
@@ -70,10 +70,12 @@ class ProcessPeak:
                 return
 
     def stop(self) -> float | None:
-        """The peak in GiB (None without nvidia-smi); stopping again returns it again."""
-        self.done.set()
-        self.thread.join()
-        used = process_used_mib(self.pid)  # a last sample: a short stage may end between polls
-        if used is not None:
-            self.peak_mib = max(self.peak_mib or 0.0, used)
+        """The peak in GiB (None without nvidia-smi); stopping again returns it again, unsampled."""
+        if not self.stopped:
+            self.stopped = True
+            self.done.set()
+            self.thread.join()
+            used = process_used_mib(self.pid)  # a last sample: a short stage may end between polls
+            if used is not None:
+                self.peak_mib = max(self.peak_mib or 0.0, used)
         return None if self.peak_mib is None else self.peak_mib / 1024

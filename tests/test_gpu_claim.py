@@ -17,7 +17,7 @@ import threading
 import pytest
 
 from ratchet.config import ConfigError, validate
-from ratchet.gpu_claim import OFF_ENV, claim_gpus
+from ratchet.gpu_claim import OFF_ENV, claim_gpus, visible_gpus
 from ratchet.gpu_memory import ProcessPeak, gpu_totals_gib
 from ratchet.stages import gpu_memory_wanted, gpus_wanted
 
@@ -183,7 +183,7 @@ def test_a_stage_needs_what_its_profile_says(tmp_path):
         validate({"gpu_memory_gib": {"ablate_fxi": 67}})
 
 
-def test_gpu_totals_and_a_process_peak_come_from_nvidia_smi(tmp_path, monkeypatch):
+def test_gpus_their_totals_and_a_process_peak_come_from_nvidia_smi(tmp_path, monkeypatch):
     smi = tmp_path / "nvidia-smi"
     smi.write_text('#!/bin/sh\ncase "$1" in\n'
                    '  --query-gpu=*) echo "0, GPU-aa, 143771"; echo "1, GPU-bb, 81559" ;;\n'
@@ -191,9 +191,12 @@ def test_gpu_totals_and_a_process_peak_come_from_nvidia_smi(tmp_path, monkeypatc
     smi.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     monkeypatch.delenv("RATCHET_GPU_MEMORY_GIB", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert visible_gpus() == ["0", "1"]  # as nvidia-smi counts them
     totals = gpu_totals_gib(["GPU-bb", "0", "7"])
     assert totals == {"GPU-bb": pytest.approx(79.647, abs=1e-3), "0": pytest.approx(140.401, abs=1e-3)}
-    assert ProcessPeak(every_s=0.05).stop() == 2.0  # this process's line only
+    peak = ProcessPeak(every_s=0.05)
+    assert peak.stop() == 2.0 and peak.stop() == 2.0  # this process's line only; a second stop, the same
     monkeypatch.setenv("RATCHET_GPU_MEMORY_GIB", "40")
     assert gpu_totals_gib(["0", "1"]) == {"0": 40.0, "1": 40.0}
     monkeypatch.setenv("RATCHET_GPU_MEMORY_GIB", "lots")

@@ -41,12 +41,17 @@ def task_prompt(task: str, question: str) -> tuple[str, str | None]:
     raise ValueError(f"prompts: unknown task {task!r}; expected one of {TASKS}")
 
 
-def make_prompt_fn(tokenizer, source: str):
-    """question -> prompt ids for a data source ("synthetic", "hub", "local") or task name."""
+def source_task(source: str) -> str:
+    """The task of a data source ("synthetic", "hub", "local") or task name."""
     if source not in SOURCE_TASKS:
         raise ValueError(f"prompts: unknown data source {source!r}; expected one of "
                          f"{sorted(SOURCE_TASKS)}")
-    task = SOURCE_TASKS[source]
+    return SOURCE_TASKS[source]
+
+
+def make_prompt_fn(tokenizer, source: str):
+    """question -> prompt ids for a data source ("synthetic", "hub", "local") or task name."""
+    task = source_task(source)
 
     def prompt_fn(question: str) -> list[int]:
         user, system = task_prompt(task, question)
@@ -57,6 +62,5 @@ def make_prompt_fn(tokenizer, source: str):
 
 def prompts_for(tokenizer, source: str, questions) -> list[list[int]]:
     """`make_prompt_fn(tokenizer, source)` of every question, encoded as one batch."""
-    make_prompt_fn(tokenizer, source)  # the source's check
-    task = SOURCE_TASKS[source]
+    task = source_task(source)
     return tokenizer.encode_batch([tokenizer.render_prompt(*task_prompt(task, q)) for q in questions])
