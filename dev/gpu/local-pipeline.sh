@@ -29,18 +29,21 @@ args=(--cores all --configfile "config/$profile.yaml" ${PIPELINE_SET:+--config "
       ${resources[0]:+--resources} "${resources[@]}" ${TARGETS:+--} "${targets[@]}")
 command="snakemake --cores all --configfile config/$profile.yaml${PIPELINE_SET:+ --config 'set=$PIPELINE_SET'}${resources[0]:+ --resources ${resources[*]}}${TARGETS:+ -- $TARGETS}"
 
-case "${1:?start, wait or collect}" in
+case "${1:?start, tracking, run, wait or collect}" in
 start)
   inputs_in_place || exit 1
-  python3 - <<'PY' || { echo "MLflow's SQLite store fails here: tracking off"; export RATCHET_TRACKING=off; }
+  [ "$(bash dev/gpu/local-pipeline.sh tracking | tail -1)" = on ] || export RATCHET_TRACKING=off
+  start_detached "$state" dev/gpu/local-pipeline.sh
+  sleep 20 && tail -5 "$state/snakemake.log"
+  ;;
+tracking)  # "on" where MLflow's SQLite store works here (a run and a metric in a scratch store), else "off"
+  python3 - <<'PY' 2>&1 | tail -2 && echo on || { echo "MLflow's SQLite store fails here: tracking off"; echo off; }
 import tempfile, mlflow
 c = mlflow.MlflowClient(f"sqlite:///{tempfile.mkdtemp()}/m.db")
 r = c.create_run(c.create_experiment("smoke"))
 c.log_metric(r.info.run_id, "x", 1.0, step=1)
 print("mlflow sqlite ok")
 PY
-  start_detached "$state" dev/gpu/local-pipeline.sh
-  sleep 20 && tail -5 "$state/snakemake.log"
   ;;
 run)
   mkdir -p "$state"
