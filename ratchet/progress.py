@@ -35,7 +35,7 @@ def _duration(seconds: float) -> str:
 
 class Progress:
     """`update(done)` after each unit of work; prints `[label] k/N units (p%), rate, ETA` at most
-    every `every_s` seconds, and at the last unit. The rate is that of the last `window` units
+    every `every_s` seconds, and at the last unit once (several measurements may report it). The rate is that of the last `window` units
     (their own durations when given: a resumed run replays its earlier steps' rows at once)."""
 
     def __init__(self, label: str, total: int, unit: str = "step", every_s: float = 5.0,
@@ -47,6 +47,7 @@ class Progress:
         self.durations: list[float] = []
         self.last_done, self.last_time = 0, clock()
         self.printed: float | None = None
+        self.printed_done: int | None = None
 
     def update(self, done: int, note: str = "", unit_seconds: float | None = None) -> str | None:
         """The line printed, or None when it is too soon for another."""
@@ -59,7 +60,9 @@ class Progress:
         self.last_done, self.last_time = done, now
         if done < self.total and self.printed is not None and now - self.printed < self.every_s:
             return None
-        self.printed = now
+        if done >= self.total and self.printed_done == done:
+            return None
+        self.printed, self.printed_done = now, done
         line = f"[{self.label}] {done}/{self.total} {self.units} ({100 * done / max(self.total, 1):.0f}%)"
         per_unit = sum(self.durations) / len(self.durations) if self.durations else 0.0
         if per_unit > 0:

@@ -29,6 +29,17 @@ def test_rate_eta_and_throttling():
     assert out.getvalue().count("\n") == 3
 
 
+def test_the_last_unit_is_printed_once():
+    """ablate_decompose reports update 30 from its sources, its visibility and each dtype's
+    gradients: one last line, not four."""
+    clock, out = Clock(), io.StringIO()
+    p = Progress("ablate_decompose", 30, unit="update", every_s=5, stream=out, clock=clock)
+    clock.t = 1.0
+    assert p.update(30) is not None
+    assert [p.update(30), p.update(30)] == [None, None]
+    assert out.getvalue().count("\n") == 1
+
+
 def test_the_rate_is_the_recent_units_own():
     clock, out = Clock(), io.StringIO()
     p = Progress("train_split", 140, every_s=0, window=3, stream=out, clock=clock)
