@@ -41,6 +41,8 @@ def test_every_plan_covers_the_cache_and_fits(hd, group):
         assert 4 * warps * group * (hd + 2) <= plan.MMA_SMEM_BYTES, case  # the merge's dynamic smem
         if rows * kv >= plan.MMA_TARGET_BLOCKS:
             assert nsplit == 1, case  # the kernel writes the output, no combine
+        if nsplit > 1:
+            assert rows * kv * nsplit <= plan.MMA_ONE_WAVE, case  # splits only within one wave
 
 
 def test_qwen05_decode_plans():
@@ -51,6 +53,20 @@ def test_qwen05_decode_plans():
     assert plan.mma_decode_plan(64, 2, 384, 64, 7, cap) == (12, 384, 1)
     assert plan.mma_decode_plan(512, 2, 384, 64, 7, cap) == (4, 384, 1)
     assert plan.mma_decode_plan(1, 2, 4096, 64, 7, plan.decode_split(4096)[1])[2] > 1  # long, few rows: splits
+
+
+def test_decode_plans_past_the_bench():
+    """What the engine runs beyond the bench's 384-position cache: the profiles' 1,024, the
+    split training's 128-row bucket, Coder-1.5B's head_dim 128 (6 query heads a kv head).
+    128 or more (row, kv head) pairs fill a wave without splits, so no combine; 32 rows, two
+    splits; one long row, as many splits as a wave and the workspace allow."""
+    for max_seq in (384, 1024):
+        cap = plan.decode_split(max_seq)[1]
+        assert plan.mma_decode_plan(64, 2, max_seq, 64, 7, cap)[2] == 1
+        assert plan.mma_decode_plan(128, 2, max_seq, 64, 7, cap)[2] == 1
+        assert plan.mma_decode_plan(64, 2, max_seq, 128, 6, cap) == (8, max_seq, 1)
+        assert plan.mma_decode_plan(32, 2, max_seq, 128, 6, cap)[2] == 2
+    assert plan.mma_decode_plan(1, 2, 32768, 128, 6, plan.decode_split(32768)[1])[2] == plan.decode_split(32768)[1]
 
 
 def test_tensor_core_instances_only_where_supported():
@@ -70,7 +86,19 @@ def test_split_k_plan_and_its_kernel_instance():
     for k in (896, 4864, 320, 512):
         s = plan.split_k(8, k)
         assert s and k % s == 0 and (k // s) % 8 == 0
-    assert f"add_rmsnorm_warp<F16, {plan.SPLIT_K}>" in loader.expressions("rmsnorm")
+    assert f"add_rmsnorm_warp<F16, {plan.SPLIT_K}, 4>" in loader.expressions("rmsnorm")
+
+
+def test_rmsnorm_rows_a_warp_holds():
+    """A warp a row up to 2,048 values of a 16-bit type (1,024 of fp32): Qwen2.5-0.5B's 896 in
+    four vectors a lane, Coder-1.5B's 1536 in eight; 7B's 3584 and widths off the 16-byte grid
+    take the block kernel. Every width chosen has its instances compiled."""
+    assert [plan.rms_warp_vectors(d, 8) for d in (896, 1024, 1536, 2048, 2056, 3584, 900)] == [4, 4, 8, 8, 0, 0, 0]
+    assert [plan.rms_warp_vectors(d, 4) for d in (512, 896, 1024, 1536)] == [4, 8, 8, 0]
+    exprs = loader.expressions("rmsnorm", ("fp16",))
+    for v in plan.RMS_WARP_VECTORS:
+        for p in (0, plan.SPLIT_K):
+            assert f"add_rmsnorm_warp<F16, {p}, {v}>" in exprs
 
 
 def test_decode_buckets_are_the_powers_of_two_up_to_the_batch():

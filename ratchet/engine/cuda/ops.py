@@ -20,11 +20,18 @@ from ratchet.engine.cuda.cublas import (
     Cublas,
 )
 from ratchet.engine.cuda.launch import pdl_kernel
-from ratchet.engine.cuda.plan import DECODE_TILE, SPLIT_K, decode_split, mma_decode_plan, prefill_tiles
+from ratchet.engine.cuda.plan import (
+    DECODE_TILE,
+    RMS_WARP_VECTORS,
+    SPLIT_K,
+    decode_split,
+    mma_decode_plan,
+    prefill_tiles,
+    rms_warp_vectors,
+)
 
 STORAGE = {"fp32": np.float32, "fp16": np.float16, "bf16": np.uint16}  # bf16 as its bit patterns
 TAGS = loader.DTYPE_TAGS
-RMS_VPL = 4  # rmsnorm.cu RMS_VPL: 16-byte vectors per lane of add_rmsnorm_warp
 
 
 def _i32(x) -> np.int32:
@@ -75,8 +82,9 @@ class Ops:
         norm = loader.load("rmsnorm", norm_exprs)
         fn = {k: pdl_kernel(v) for k, v in fn.items()}  # programmatic dependent launch (launch.py)
         self.f_rmsnorm = pdl_kernel(norm.get_function(norm_exprs[0]))
-        self.f_rmsnorm_warp = {0: pdl_kernel(norm.get_function(norm_exprs[1])),
-                               SPLIT_K: pdl_kernel(norm.get_function(norm_exprs[2]))}
+        tag = loader.DTYPE_TAGS[dtype]
+        self.f_rmsnorm_warp = {(p, v): pdl_kernel(norm.get_function(f"add_rmsnorm_warp<{tag}, {p}, {v}>"))
+                               for v in RMS_WARP_VECTORS for p in (0, SPLIT_K)}
         self.f_embedding, self.f_swiglu_vec = fn["embedding"], fn["swiglu_vec"]
         self.f_rope, self.f_swiglu = fn["rope_qkv"], fn["swiglu"]
         self.vec = 16 // self.storage.itemsize  # values per 16-byte vector
@@ -198,14 +206,13 @@ class Ops:
         _check(out, "rmsnorm out", (rows, dim), self.storage)
         if not rows:
             return
-        fits = dim % self.vec == 0 and dim <= 32 * RMS_VPL * self.vec \
-            and _aligned16(residual, weight, out, *(a for a in (delta, parts) if a is not None))
-        if fits and nparts in self.f_rmsnorm_warp:
+        vectors = rms_warp_vectors(dim, self.vec)
+        warp = self.f_rmsnorm_warp.get((nparts, vectors))
+        if warp is not None and _aligned16(residual, weight, out, *(a for a in (delta, parts) if a is not None)):
             # a warp a row; a block of one warp when the slices make each row's loads heavy
             per_block = 1 if nparts else 4
-            self.f_rmsnorm_warp[nparts]((-(-rows // per_block),), (32 * per_block,),
-                                        (residual, _ptr(delta), _ptr(parts), weight, out, _i32(rows), _i32(dim),
-                                         np.float32(eps)))
+            warp((-(-rows // per_block),), (32 * per_block,),
+                 (residual, _ptr(delta), _ptr(parts), weight, out, _i32(rows), _i32(dim), np.float32(eps)))
         else:
             self.f_rmsnorm((rows,), (256,), (residual, _ptr(delta), _ptr(parts), _i32(nparts), weight, out,
                                              _i32(dim), np.float32(eps)), shared_mem=4 * dim)

@@ -10,7 +10,12 @@ DECODE_TILE = 64  # positions per tile in attention_decode.cu (#define TILE)
 MAX_DECODE_SPLITS = 32
 MMA_MAX_WARPS = 16  # attention_decode.cu MMA_MAX_WARPS: warps a block of attn_decode_mma (half at hd 128)
 MMA_WARPS_MANY_ROWS = 4  # warps a block when the rows alone fill the GPU
-MMA_TARGET_BLOCKS = 264  # ~2 blocks a multiprocessor of a 132-SM GPU
+MMA_TARGET_BLOCKS = 264  # many rows: ~2 blocks of MMA_WARPS_MANY_ROWS a multiprocessor of a 132-SM GPU
+# Few rows: a block of up to 16 (head_dim 64) or 8 (128) warps holds a whole multiprocessor's
+# registers (110 and 144 a thread, nvcc -Xptxas -v), so splits stop at one wave of such blocks:
+# beyond it each wave adds its latency and the combine its launch (at Coder-1.5B shapes, B = 64,
+# three splits and the combine cost 34 us a layer, twelfth session's profile).
+MMA_ONE_WAVE = 132
 MMA_SMEM_BYTES = 44 * 1024  # the merge's dynamic shared memory: with q_s (<= 4 KiB) under the 48 KiB default
 # wo and w_down of a small decode bucket as K in SPLIT_K slices, one strided-batched product
 # (ops.gemm_split) summed by the next add_rmsnorm (CudaBackend.split_products): at small M
@@ -18,6 +23,8 @@ MMA_SMEM_BYTES = 44 * 1024  # the merge's dynamic shared memory: with q_s (<= 4 
 # rmsnorm.cu instantiates add_rmsnorm_warp<D, SPLIT_K>.
 SPLIT_K = 4
 SPLIT_K_MAX_ROWS = 64
+# add_rmsnorm_warp<D, P, V> (rmsnorm.cu): a warp a row holds V 16-byte vectors a lane
+RMS_WARP_VECTORS = (4, 8)
 
 
 def decode_split(max_seq: int) -> tuple[int, int]:
@@ -35,7 +42,9 @@ def mma_decode_plan(rows: int, num_kv_heads: int, max_seq: int, head_dim: int, g
     - Many rows (at least MMA_TARGET_BLOCKS (row, kv head) pairs): blocks of a few warps, one
       split, and the kernel writes the output (no combine).
     - Few rows: up to a warp a tile (a block merges its warps cheaply, in shared memory), then
-      splits of the sequence (at most `capacity`, merged by the combine) until the GPU fills."""
+      splits of the sequence (at most `capacity`, merged by the combine) while the blocks
+      still fit one wave (MMA_ONE_WAVE): a row's splits only where rows alone leave
+      multiprocessors idle."""
     tile = 32 if head_dim == 64 else 16
     tiles = -(-max_seq // tile)
     pairs = max(1, rows * num_kv_heads)
@@ -44,9 +53,17 @@ def mma_decode_plan(rows: int, num_kv_heads: int, max_seq: int, head_dim: int, g
     else:
         fit = MMA_SMEM_BYTES // (4 * group * (head_dim + 2))
         warps = max(1, min(MMA_MAX_WARPS if head_dim == 64 else MMA_MAX_WARPS // 2, fit, tiles))
-        nsplit = max(1, min(-(-MMA_TARGET_BLOCKS // pairs), capacity, -(-tiles // warps)))
+        nsplit = max(1, min(MMA_ONE_WAVE // pairs, capacity, -(-tiles // warps)))
     split_len = -(-tiles // nsplit) * tile
     return warps, split_len, -(-max_seq // split_len)
+
+
+def rms_warp_vectors(dim: int, vec: int) -> int:
+    """V of the add_rmsnorm_warp instance whose warp holds a row of `dim` values, `vec` to a
+    16-byte vector; 0 where none does (the block-a-row kernel runs)."""
+    if dim % vec:
+        return 0
+    return next((v for v in RMS_WARP_VECTORS if dim <= 32 * v * vec), 0)
 
 
 def split_k(rows: int, k: int) -> int:

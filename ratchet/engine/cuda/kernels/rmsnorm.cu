@@ -54,13 +54,32 @@ __global__ void add_rmsnorm(typename D::T* __restrict__ residual, const typename
 }
 
 // The same, one warp per row (blockDim.x / 32 rows a block), for rows that fit in the
-// registers of a warp: dim % (16 / sizeof(T)) == 0 and dim <= 32 * RMS_VPL * (16 / sizeof(T)).
-// Every load (residual, delta or the P slices, weight) is issued before any use, 16 bytes at a
-// time, and the only reduction is a warp's shuffle: no shared memory, no block barrier.
-// P = 0: `delta` (or none); P > 0: the delta is the in-order sum of P fp32 slices `parts`.
-#define RMS_VPL 4  // 16-byte vectors per lane: 1024 values of a 16-bit type, 512 of fp32
+// registers of a warp: dim % (16 / sizeof(T)) == 0 and dim <= 32 * V * (16 / sizeof(T)).
+// Every load (residual, delta or the P slices, weight) is issued before the norm's reduction,
+// 16 bytes at a time, and the only reduction is a warp's shuffle: no shared memory, no block
+// barrier. P = 0: `delta` (or none); P > 0: the delta is the in-order sum of P fp32 slices
+// `parts`, rounded to the storage. V = 4 (1024 values of a 16-bit type: Qwen2.5-0.5B's 896)
+// holds every slice of every vector before the first sum (run 5's kernel, 168 registers);
+// V = 8 (2048: Coder-1.5B's 1536, which the block kernel took at 8 us a call) sums each
+// vector's slices as they arrive, holding three 16-byte vectors a V whatever P is.
+// A vector's P fp32 slices summed in slice order, rounded to the storage: the split product's output.
+template <class D, int P, int F4>
+__device__ __forceinline__ uint4 slice_sum(const float4 (&slices)[P][F4]) {
+    float d[4 * F4];
+#pragma unroll
+    for (int f = 0; f < F4; ++f) {
+        float4 s = slices[0][f];
+#pragma unroll
+        for (int p = 1; p < P; ++p) {
+            s.x += slices[p][f].x; s.y += slices[p][f].y;
+            s.z += slices[p][f].z; s.w += slices[p][f].w;
+        }
+        d[4 * f] = s.x; d[4 * f + 1] = s.y; d[4 * f + 2] = s.z; d[4 * f + 3] = s.w;
+    }
+    return pack16<D>(d);
+}
 
-template <class D, int P>
+template <class D, int P, int V>
 __global__ void __launch_bounds__(128)
 add_rmsnorm_warp(typename D::T* __restrict__ residual, const typename D::T* __restrict__ delta,
                  const float* __restrict__ parts, const typename D::T* __restrict__ weight,
@@ -69,6 +88,7 @@ add_rmsnorm_warp(typename D::T* __restrict__ residual, const typename D::T* __re
     constexpr int NV = Vec16<D>::N;
     constexpr int PV = P > 0 ? P : 1;  // slices held (one unused when P == 0)
     constexpr int F4 = NV / 4;         // float4 loads of one slice a vector
+    constexpr bool HOIST = P > 0 && V <= 4;  // every vector's slices held before the sums
     const int lane = threadIdx.x & 31;
     const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (r >= rows) return;
@@ -79,18 +99,26 @@ add_rmsnorm_warp(typename D::T* __restrict__ residual, const typename D::T* __re
     const float4* part = reinterpret_cast<const float4*>(parts + (long long)r * dim);
     const long long part_stride = (long long)rows * dim / 4;  // float4s between slices
     const uint4* w4 = reinterpret_cast<const uint4*>(weight);
-    uint4 xv[RMS_VPL], dv[RMS_VPL], wv[RMS_VPL];
-    float4 pv[RMS_VPL][PV][F4];
+    uint4 xv[V], dv[V], wv[V];
+    float4 pv[HOIST ? V : 1][PV][F4];
+
 #pragma unroll
-    for (int i = 0; i < RMS_VPL; ++i) {
+    for (int i = 0; i < V; ++i) {
         const int k = lane + 32 * i;
         if (k < nvec) {
             xv[i] = res[k];
-            if (P > 0) {
+            if constexpr (HOIST) {
 #pragma unroll
                 for (int p = 0; p < PV; ++p)
 #pragma unroll
                     for (int f = 0; f < F4; ++f) pv[i][p][f] = part[p * part_stride + (long long)k * F4 + f];
+            } else if constexpr (P > 0) {
+                float4 slices[PV][F4];
+#pragma unroll
+                for (int p = 0; p < PV; ++p)
+#pragma unroll
+                    for (int f = 0; f < F4; ++f) slices[p][f] = part[p * part_stride + (long long)k * F4 + f];
+                dv[i] = slice_sum<D>(slices);
             } else if (delta != nullptr) {
                 dv[i] = del[k];
             }
@@ -99,28 +127,15 @@ add_rmsnorm_warp(typename D::T* __restrict__ residual, const typename D::T* __re
     }
     float ss = 0.f;
 #pragma unroll
-    for (int i = 0; i < RMS_VPL; ++i) {
+    for (int i = 0; i < V; ++i) {
         const int k = lane + 32 * i;
         if (k < nvec) {
             float x[NV];
             unpack16<D>(xv[i], x);
             if (add) {
+                if constexpr (HOIST) dv[i] = slice_sum<D>(pv[i]);
                 float d[NV];
-                if (P > 0) {
-#pragma unroll
-                    for (int f = 0; f < F4; ++f) {
-                        float4 s = pv[i][0][f];
-#pragma unroll
-                        for (int p = 1; p < PV; ++p) {
-                            s.x += pv[i][p][f].x; s.y += pv[i][p][f].y;
-                            s.z += pv[i][p][f].z; s.w += pv[i][p][f].w;
-                        }
-                        d[4 * f] = s.x; d[4 * f + 1] = s.y; d[4 * f + 2] = s.z; d[4 * f + 3] = s.w;
-                    }
-                    unpack16<D>(pack16<D>(d), d);  // the product's output, rounded to the storage
-                } else {
-                    unpack16<D>(dv[i], d);
-                }
+                unpack16<D>(dv[i], d);
 #pragma unroll
                 for (int j = 0; j < NV; ++j) x[j] += d[j];
                 xv[i] = pack16<D>(x);  // rounded to the storage
@@ -135,7 +150,7 @@ add_rmsnorm_warp(typename D::T* __restrict__ residual, const typename D::T* __re
     const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
     uint4* o = reinterpret_cast<uint4*>(out + (long long)r * dim);
 #pragma unroll
-    for (int i = 0; i < RMS_VPL; ++i) {
+    for (int i = 0; i < V; ++i) {
         const int k = lane + 32 * i;
         if (k < nvec) {
             float x[NV], w[NV];
