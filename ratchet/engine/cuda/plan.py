@@ -20,7 +20,7 @@ MMA_SMEM_BYTES = 44 * 1024  # the merge's dynamic shared memory: with q_s (<= 4 
 # wo and w_down of a small decode bucket as K in SPLIT_K slices, one strided-batched product
 # (ops.gemm_split) summed by the next add_rmsnorm (CudaBackend.split_products): at small M
 # cuBLAS's own kernel leaves most multiprocessors idle (docs/KERNELS.md, runs 5 and 6).
-# rmsnorm.cu instantiates add_rmsnorm_warp<D, SPLIT_K>.
+# rmsnorm.cu instantiates add_rmsnorm_warp<D, SPLIT_K, V>.
 SPLIT_K = 4
 SPLIT_K_MAX_ROWS = 64
 # add_rmsnorm_warp<D, P, V> (rmsnorm.cu): a warp a row holds V 16-byte vectors a lane
