@@ -20,6 +20,18 @@ def test_every_gpu_script_parses(script):
     assert subprocess.run(["bash", "-n", str(GPU / script)], capture_output=True, check=False).returncode == 0
 
 
+@pytest.mark.parametrize("plan", sorted(p.name for p in (GPU / "plans").glob("*.txt")))
+def test_every_plan_step_parses(plan):
+    """A plan's steps run one a line under `bash -o pipefail -c`: a quoting slip found on the
+    GPU machine costs a lease, found here it costs nothing."""
+    lines = (GPU / "plans" / plan).read_text().splitlines()
+    steps = [line for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    assert steps, plan
+    for step in steps:
+        out = subprocess.run(["bash", "-n", "-c", step], capture_output=True, text=True, check=False)
+        assert out.returncode == 0, f"{plan}: {step[:120]}: {out.stderr}"
+
+
 def test_a_plan_runs_its_steps_in_order_past_a_failure_and_keeps_what_it_names(tmp_path):
     repo = tmp_path / "repo"
     (repo / "dev" / "gpu").mkdir(parents=True)
