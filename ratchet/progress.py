@@ -35,8 +35,9 @@ def _duration(seconds: float) -> str:
 
 class Progress:
     """`update(done)` after each unit of work; prints `[label] k/N units (p%), rate, ETA` at most
-    every `every_s` seconds, and at the last unit once (several measurements may report it). The rate is that of the last `window` units
-    (their own durations when given: a resumed run replays its earlier steps' rows at once)."""
+    every `every_s` seconds, and at the last unit once (several measurements may report it).
+    The rate is that of the last `window` units (their own durations when given: a resumed run
+    replays its earlier steps' rows at once)."""
 
     def __init__(self, label: str, total: int, unit: str = "step", every_s: float = 5.0,
                  window: int = 10, stream: TextIO | None = None, clock=time.monotonic,

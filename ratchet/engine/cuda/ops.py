@@ -82,8 +82,7 @@ class Ops:
         norm = loader.load("rmsnorm", norm_exprs)
         fn = {k: pdl_kernel(v) for k, v in fn.items()}  # programmatic dependent launch (launch.py)
         self.f_rmsnorm = pdl_kernel(norm.get_function(norm_exprs[0]))
-        tag = loader.DTYPE_TAGS[dtype]
-        self.f_rmsnorm_warp = {(p, v): pdl_kernel(norm.get_function(f"add_rmsnorm_warp<{tag}, {p}, {v}>"))
+        self.f_rmsnorm_warp = {(p, v): pdl_kernel(norm.get_function(f"add_rmsnorm_warp<{TAGS[dtype]}, {p}, {v}>"))
                                for v in RMS_WARP_VECTORS for p in (0, SPLIT_K)}
         self.f_embedding, self.f_swiglu_vec = fn["embedding"], fn["swiglu_vec"]
         self.f_rope, self.f_swiglu = fn["rope_qkv"], fn["swiglu"]

@@ -98,12 +98,15 @@ def check_staging(ops: Ops, rng) -> dict:
     return _merge(compare(got, want, 0, exact=True), compare(back, want_back, 0, exact=True))
 
 
+# a width for each kernel plan.rms_warp_vectors chooses (16-bit types): a warp a row in four
+# vectors a lane, in eight, and a block a row
+RMSNORM_WIDTHS = (896, 1536, 2600)
+
+
 def check_rmsnorm(ops: Ops, rng) -> dict:
-    """Each kernel the widths choose (plan.rms_warp_vectors): 896 a warp a row in four vectors
-    a lane (16-bit types), 1536 in eight, 2600 a block a row; plain, with a delta, and with a
-    split product's slices."""
-    return _merge(*(check_rmsnorm_dim(ops, rng, d) for d in (896, 1536, 2600)),
-                  *(check_rmsnorm_parts(ops, rng, d) for d in (896, 1536, 2600)))
+    """Each rmsnorm kernel: plain, with a delta, and with a split product's slices."""
+    return _merge(*(check_rmsnorm_dim(ops, rng, d) for d in RMSNORM_WIDTHS),
+                  *(check_rmsnorm_parts(ops, rng, d) for d in RMSNORM_WIDTHS))
 
 
 def check_rmsnorm_dim(ops: Ops, rng, dim: int) -> dict:

@@ -53,15 +53,6 @@ __global__ void add_rmsnorm(typename D::T* __restrict__ residual, const typename
         out[base + i] = D::store(row[i] * inv * D::load(weight[i]));
 }
 
-// The same, one warp per row (blockDim.x / 32 rows a block), for rows that fit in the
-// registers of a warp: dim % (16 / sizeof(T)) == 0 and dim <= 32 * V * (16 / sizeof(T)).
-// Every load (residual, delta or the P slices, weight) is issued before the norm's reduction,
-// 16 bytes at a time, and the only reduction is a warp's shuffle: no shared memory, no block
-// barrier. P = 0: `delta` (or none); P > 0: the delta is the in-order sum of P fp32 slices
-// `parts`, rounded to the storage. V = 4 (1024 values of a 16-bit type: Qwen2.5-0.5B's 896)
-// holds every slice of every vector before the first sum (run 5's kernel, 168 registers);
-// V = 8 (2048: Coder-1.5B's 1536, which the block kernel took at 8 us a call) sums each
-// vector's slices as they arrive, holding three 16-byte vectors a V whatever P is.
 // A vector's P fp32 slices summed in slice order, rounded to the storage: the split product's output.
 template <class D, int P, int F4>
 __device__ __forceinline__ uint4 slice_sum(const float4 (&slices)[P][F4]) {
@@ -79,6 +70,15 @@ __device__ __forceinline__ uint4 slice_sum(const float4 (&slices)[P][F4]) {
     return pack16<D>(d);
 }
 
+// add_rmsnorm's arithmetic, one warp per row (blockDim.x / 32 rows a block), for rows that fit in the
+// registers of a warp: dim % (16 / sizeof(T)) == 0 and dim <= 32 * V * (16 / sizeof(T)).
+// Every load (residual, delta or the P slices, weight) is issued before the norm's reduction,
+// 16 bytes at a time, and the only reduction is a warp's shuffle: no shared memory, no block
+// barrier. P = 0: `delta` (or none); P > 0: the delta is the in-order sum of P fp32 slices
+// `parts`, rounded to the storage. V = 4 (1024 values of a 16-bit type: Qwen2.5-0.5B's 896)
+// holds every slice of every vector before the first sum (run 5's kernel, 168 registers);
+// V = 8 (2048: Coder-1.5B's 1536, which the block kernel took at 8 us a call) sums each
+// vector's slices as they arrive, holding three 16-byte vectors a V whatever P is.
 template <class D, int P, int V>
 __global__ void __launch_bounds__(128)
 add_rmsnorm_warp(typename D::T* __restrict__ residual, const typename D::T* __restrict__ delta,
@@ -107,18 +107,13 @@ add_rmsnorm_warp(typename D::T* __restrict__ residual, const typename D::T* __re
         const int k = lane + 32 * i;
         if (k < nvec) {
             xv[i] = res[k];
-            if constexpr (HOIST) {
-#pragma unroll
-                for (int p = 0; p < PV; ++p)
-#pragma unroll
-                    for (int f = 0; f < F4; ++f) pv[i][p][f] = part[p * part_stride + (long long)k * F4 + f];
-            } else if constexpr (P > 0) {
-                float4 slices[PV][F4];
+            if constexpr (P > 0) {
+                float4 (&slices)[PV][F4] = pv[HOIST ? i : 0];  // held (HOIST) or summed at once
 #pragma unroll
                 for (int p = 0; p < PV; ++p)
 #pragma unroll
                     for (int f = 0; f < F4; ++f) slices[p][f] = part[p * part_stride + (long long)k * F4 + f];
-                dv[i] = slice_sum<D>(slices);
+                if constexpr (!HOIST) dv[i] = slice_sum<D>(slices);
             } else if (delta != nullptr) {
                 dv[i] = del[k];
             }
