@@ -86,19 +86,27 @@ def test_split_k_plan_and_its_kernel_instance():
     for k in (896, 4864, 320, 512):
         s = plan.split_k(8, k)
         assert s and k % s == 0 and (k // s) % 8 == 0
-    assert f"add_rmsnorm_warp<F16, {plan.SPLIT_K}, 4>" in loader.expressions("rmsnorm")
+    assert f"add_rmsnorm_warp<F16, {plan.SPLIT_K}>" in loader.expressions("rmsnorm")
 
 
-def test_rmsnorm_rows_a_warp_holds():
-    """A warp a row up to 2,048 values of a 16-bit type (1,024 of fp32): Qwen2.5-0.5B's 896 in
-    four vectors a lane, Coder-1.5B's 1536 in eight; 7B's 3584 and widths off the 16-byte grid
-    take the block kernel. Every width chosen has its instances compiled."""
-    assert [plan.rms_warp_vectors(d, 8) for d in (896, 1024, 1536, 2048, 2056, 3584, 900)] == [4, 4, 8, 8, 0, 0, 0]
-    assert [plan.rms_warp_vectors(d, 4) for d in (512, 896, 1024, 1536)] == [4, 8, 8, 0]
+def test_rmsnorm_kernel_by_row_width():
+    """A warp a row up to 1,024 values of a 16-bit type (Qwen2.5-0.5B's 896), a block a row of a
+    vector a thread up to 4,096 (Coder-1.5B's 1536, Qwen2.5-7B's 3584, in whole warps), the block
+    kernel past that and off the 16-byte grid. Every kernel chosen has its instances compiled."""
+    kinds = {d: plan.rms_norm_kernel(d, 8) for d in (896, 1024, 1032, 1536, 3584, 4096, 4104, 900)}
+    assert kinds == {896: ("warp", 32), 1024: ("warp", 32), 1032: ("row", 160), 1536: ("row", 192),
+                     3584: ("row", 448), 4096: ("row", 512), 4104: ("block", 256), 900: ("block", 256)}
+    assert [plan.rms_norm_kernel(d, 4)[0] for d in (512, 896, 2048, 2052)] == ["warp", "row", "row", "block"]
+    for dim in range(8, 5000, 8):  # a row kernel's block covers the row in whole warps, within its bound
+        kind, threads = plan.rms_norm_kernel(dim, 8)
+        if kind == "row":
+            assert threads % 32 == 0 and dim // 8 <= threads <= plan.RMS_ROW_THREADS
+    norm = loader.kernel_path("rmsnorm").read_text()
+    assert f"#define RMS_VPL {plan.RMS_WARP_VECTORS}" in norm and f"#define RMS_ROW_THREADS {plan.RMS_ROW_THREADS}" in norm
     exprs = loader.expressions("rmsnorm", ("fp16",))
-    for v in plan.RMS_WARP_VECTORS:
+    for kind in ("warp", "row"):
         for p in (0, plan.SPLIT_K):
-            assert f"add_rmsnorm_warp<F16, {p}, {v}>" in exprs
+            assert f"add_rmsnorm_{kind}<F16, {p}>" in exprs
 
 
 def test_decode_buckets_are_the_powers_of_two_up_to_the_batch():

@@ -11,7 +11,7 @@ import re
 from importlib import resources
 from pathlib import Path
 
-from ratchet.engine.cuda.plan import RMS_WARP_VECTORS, SPLIT_K
+from ratchet.engine.cuda.plan import SPLIT_K
 
 # the sources ship inside the package (a wheel has them too); RATCHET_KERNEL_DIR points elsewhere
 KERNEL_DIR = Path(os.environ.get("RATCHET_KERNEL_DIR") or str(resources.files("ratchet.engine.cuda") / "kernels"))
@@ -132,10 +132,10 @@ def expressions(name: str, dtypes=("fp32", "fp16", "bf16"), attn_shapes=((64, 7)
                                for hd, g in attn_shapes if tensor_core_decode(d, hd, g))
     if name == "attention_prefill":
         return tuple(f"attn_prefill<{t}, {hd}, {g}>" for t in tags for hd, g in attn_shapes)
-    if name == "rmsnorm":  # the warp kernel without and with a split product's slices, by row width
+    if name == "rmsnorm":  # the block kernel, then the warp and row kernels without and with a split's slices
         return tuple(e for t in tags for e in (f"add_rmsnorm<{t}>",
-                                               *(f"add_rmsnorm_warp<{t}, {p}, {v}>"
-                                                 for v in RMS_WARP_VECTORS for p in (0, SPLIT_K))))
+                                               *(f"add_rmsnorm_{k}<{t}, {p}>"
+                                                 for k in ("warp", "row") for p in (0, SPLIT_K))))
     entry = {"rope": ("rope_qkv",),
              "swiglu": ("swiglu", "swiglu_vec"), "embedding": ("embedding",)}
     if name not in entry:

@@ -22,12 +22,11 @@ from ratchet.engine.cuda.cublas import (
 from ratchet.engine.cuda.launch import pdl_kernel
 from ratchet.engine.cuda.plan import (
     DECODE_TILE,
-    RMS_WARP_VECTORS,
     SPLIT_K,
     decode_split,
     mma_decode_plan,
     prefill_tiles,
-    rms_warp_vectors,
+    rms_norm_kernel,
 )
 
 STORAGE = {"fp32": np.float32, "fp16": np.float16, "bf16": np.uint16}  # bf16 as its bit patterns
@@ -82,8 +81,8 @@ class Ops:
         norm = loader.load("rmsnorm", norm_exprs)
         fn = {k: pdl_kernel(v) for k, v in fn.items()}  # programmatic dependent launch (launch.py)
         self.f_rmsnorm = pdl_kernel(norm.get_function(norm_exprs[0]))
-        self.f_rmsnorm_warp = {(p, v): pdl_kernel(norm.get_function(f"add_rmsnorm_warp<{TAGS[dtype]}, {p}, {v}>"))
-                               for v in RMS_WARP_VECTORS for p in (0, SPLIT_K)}
+        self.f_rmsnorm_fast = {(k, p): pdl_kernel(norm.get_function(f"add_rmsnorm_{k}<{TAGS[dtype]}, {p}>"))
+                               for k in ("warp", "row") for p in (0, SPLIT_K)}
         self.f_embedding, self.f_swiglu_vec = fn["embedding"], fn["swiglu_vec"]
         self.f_rope, self.f_swiglu = fn["rope_qkv"], fn["swiglu"]
         self.vec = 16 // self.storage.itemsize  # values per 16-byte vector
@@ -205,13 +204,15 @@ class Ops:
         _check(out, "rmsnorm out", (rows, dim), self.storage)
         if not rows:
             return
-        vectors = rms_warp_vectors(dim, self.vec)
-        warp = self.f_rmsnorm_warp.get((nparts, vectors))
-        if warp is not None and _aligned16(residual, weight, out, *(a for a in (delta, parts) if a is not None)):
-            # a warp a row; a block of one warp when the slices make each row's loads heavy
-            per_block = 1 if nparts else 4
-            warp((-(-rows // per_block),), (32 * per_block,),
-                 (residual, _ptr(delta), _ptr(parts), weight, out, _i32(rows), _i32(dim), np.float32(eps)))
+        kind, threads = rms_norm_kernel(dim, self.vec)
+        fast = self.f_rmsnorm_fast.get((kind, nparts))
+        args = (residual, _ptr(delta), _ptr(parts), weight, out, _i32(rows), _i32(dim), np.float32(eps))
+        if fast is not None and _aligned16(residual, weight, out, *(a for a in (delta, parts) if a is not None)):
+            if kind == "row":  # a block a row
+                fast((rows,), (threads,), args)
+            else:  # a warp a row; a block of one warp when the slices make each row's loads heavy
+                per_block = 1 if nparts else 4
+                fast((-(-rows // per_block),), (32 * per_block,), args)
         else:
             self.f_rmsnorm((rows,), (256,), (residual, _ptr(delta), _ptr(parts), _i32(nparts), weight, out,
                                              _i32(dim), np.float32(eps)), shared_mem=4 * dim)

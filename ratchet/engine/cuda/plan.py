@@ -20,11 +20,13 @@ MMA_SMEM_BYTES = 44 * 1024  # the merge's dynamic shared memory: with q_s (<= 4 
 # wo and w_down of a small decode bucket as K in SPLIT_K slices, one strided-batched product
 # (ops.gemm_split) summed by the next add_rmsnorm (CudaBackend.split_products): at small M
 # cuBLAS's own kernel leaves most multiprocessors idle (docs/KERNELS.md, runs 5 and 6).
-# rmsnorm.cu instantiates add_rmsnorm_warp<D, SPLIT_K, V>.
+# rmsnorm.cu instantiates its fast kernels for SPLIT_K slices.
 SPLIT_K = 4
 SPLIT_K_MAX_ROWS = 64
-# add_rmsnorm_warp<D, P, V> (rmsnorm.cu): a warp a row holds V 16-byte vectors a lane
-RMS_WARP_VECTORS = (4, 8)
+# rmsnorm.cu: add_rmsnorm_warp holds a row in RMS_WARP_VECTORS 16-byte vectors a lane (its RMS_VPL),
+# add_rmsnorm_row a vector a thread in a block of at most RMS_ROW_THREADS (RMS_ROW_THREADS)
+RMS_WARP_VECTORS = 4
+RMS_ROW_THREADS = 512
 
 
 def decode_split(max_seq: int) -> tuple[int, int]:
@@ -58,12 +60,15 @@ def mma_decode_plan(rows: int, num_kv_heads: int, max_seq: int, head_dim: int, g
     return warps, split_len, -(-max_seq // split_len)
 
 
-def rms_warp_vectors(dim: int, vec: int) -> int:
-    """V of the add_rmsnorm_warp instance whose warp holds a row of `dim` values, `vec` to a
-    16-byte vector; 0 where none does (the block-a-row kernel runs)."""
-    if dim % vec:
-        return 0
-    return next((v for v in RMS_WARP_VECTORS if dim <= 32 * v * vec), 0)
+def rms_norm_kernel(dim: int, vec: int) -> tuple[str, int]:
+    """The add_rmsnorm kernel for rows of `dim` values, `vec` to a 16-byte vector, and its
+    threads a row: "warp" (a warp a row, up to 32 * RMS_WARP_VECTORS vectors), "row" (a block
+    a row, a vector a thread, up to RMS_ROW_THREADS), else "block" (any width, 2-byte loads)."""
+    if dim % vec == 0 and dim <= 32 * RMS_WARP_VECTORS * vec:
+        return "warp", 32
+    if dim % vec == 0 and dim // vec <= RMS_ROW_THREADS:
+        return "row", -(-dim // vec // 32) * 32
+    return "block", 256
 
 
 def split_k(rows: int, k: int) -> int:

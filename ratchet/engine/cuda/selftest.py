@@ -98,9 +98,9 @@ def check_staging(ops: Ops, rng) -> dict:
     return _merge(compare(got, want, 0, exact=True), compare(back, want_back, 0, exact=True))
 
 
-# a width for each kernel plan.rms_warp_vectors chooses (16-bit types): a warp a row in four
-# vectors a lane, in eight, and a block a row
-RMSNORM_WIDTHS = (896, 1536, 2600)
+# a width for each kernel plan.rms_norm_kernel chooses (16-bit types): a warp a row (Qwen2.5-0.5B),
+# a vector a thread (Coder-1.5B, Qwen2.5-7B), and the block kernel (off the 16-byte grid)
+RMSNORM_WIDTHS = (896, 1536, 3584, 2604)
 
 
 def check_rmsnorm(ops: Ops, rng) -> dict:

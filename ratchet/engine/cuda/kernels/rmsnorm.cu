@@ -71,15 +71,14 @@ __device__ __forceinline__ uint4 slice_sum(const float4 (&slices)[P][F4]) {
 }
 
 // add_rmsnorm's arithmetic, one warp per row (blockDim.x / 32 rows a block), for rows that fit in the
-// registers of a warp: dim % (16 / sizeof(T)) == 0 and dim <= 32 * V * (16 / sizeof(T)).
-// Every load (residual, delta or the P slices, weight) is issued before the norm's reduction,
-// 16 bytes at a time, and the only reduction is a warp's shuffle: no shared memory, no block
-// barrier. P = 0: `delta` (or none); P > 0: the delta is the in-order sum of P fp32 slices
-// `parts`, rounded to the storage. V = 4 (1024 values of a 16-bit type: Qwen2.5-0.5B's 896)
-// holds every slice of every vector before the first sum (run 5's kernel, 168 registers);
-// V = 8 (2048: Coder-1.5B's 1536, which the block kernel took at 8 us a call) sums each
-// vector's slices as they arrive, holding three 16-byte vectors a V whatever P is.
-template <class D, int P, int V>
+// registers of a warp: dim % (16 / sizeof(T)) == 0 and dim <= 32 * RMS_VPL * (16 / sizeof(T)).
+// Every load (residual, delta or the P slices, weight) is issued before any use, 16 bytes at a
+// time, and the only reduction is a warp's shuffle: no shared memory, no block barrier.
+// P = 0: `delta` (or none); P > 0: the delta is the in-order sum of P fp32 slices `parts`,
+// rounded to the storage. Qwen2.5-0.5B's 896 (run 5's kernel, 168 registers).
+#define RMS_VPL 4  // 16-byte vectors per lane: 1024 values of a 16-bit type, 512 of fp32
+
+template <class D, int P>
 __global__ void __launch_bounds__(128)
 add_rmsnorm_warp(typename D::T* __restrict__ residual, const typename D::T* __restrict__ delta,
                  const float* __restrict__ parts, const typename D::T* __restrict__ weight,
@@ -88,7 +87,6 @@ add_rmsnorm_warp(typename D::T* __restrict__ residual, const typename D::T* __re
     constexpr int NV = Vec16<D>::N;
     constexpr int PV = P > 0 ? P : 1;  // slices held (one unused when P == 0)
     constexpr int F4 = NV / 4;         // float4 loads of one slice a vector
-    constexpr bool HOIST = P > 0 && V <= 4;  // every vector's slices held before the sums
     const int lane = threadIdx.x & 31;
     const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (r >= rows) return;
@@ -99,21 +97,18 @@ add_rmsnorm_warp(typename D::T* __restrict__ residual, const typename D::T* __re
     const float4* part = reinterpret_cast<const float4*>(parts + (long long)r * dim);
     const long long part_stride = (long long)rows * dim / 4;  // float4s between slices
     const uint4* w4 = reinterpret_cast<const uint4*>(weight);
-    uint4 xv[V], dv[V], wv[V];
-    float4 pv[HOIST ? V : 1][PV][F4];
-
+    uint4 xv[RMS_VPL], dv[RMS_VPL], wv[RMS_VPL];
+    float4 pv[RMS_VPL][PV][F4];
 #pragma unroll
-    for (int i = 0; i < V; ++i) {
+    for (int i = 0; i < RMS_VPL; ++i) {
         const int k = lane + 32 * i;
         if (k < nvec) {
             xv[i] = res[k];
             if constexpr (P > 0) {
-                float4 (&slices)[PV][F4] = pv[HOIST ? i : 0];  // held (HOIST) or summed at once
 #pragma unroll
                 for (int p = 0; p < PV; ++p)
 #pragma unroll
-                    for (int f = 0; f < F4; ++f) slices[p][f] = part[p * part_stride + (long long)k * F4 + f];
-                if constexpr (!HOIST) dv[i] = slice_sum<D>(slices);
+                    for (int f = 0; f < F4; ++f) pv[i][p][f] = part[p * part_stride + (long long)k * F4 + f];
             } else if (delta != nullptr) {
                 dv[i] = del[k];
             }
@@ -122,13 +117,13 @@ add_rmsnorm_warp(typename D::T* __restrict__ residual, const typename D::T* __re
     }
     float ss = 0.f;
 #pragma unroll
-    for (int i = 0; i < V; ++i) {
+    for (int i = 0; i < RMS_VPL; ++i) {
         const int k = lane + 32 * i;
         if (k < nvec) {
             float x[NV];
             unpack16<D>(xv[i], x);
             if (add) {
-                if constexpr (HOIST) dv[i] = slice_sum<D>(pv[i]);
+                if constexpr (P > 0) dv[i] = slice_sum<D>(pv[i]);
                 float d[NV];
                 unpack16<D>(dv[i], d);
 #pragma unroll
@@ -145,7 +140,7 @@ add_rmsnorm_warp(typename D::T* __restrict__ residual, const typename D::T* __re
     const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
     uint4* o = reinterpret_cast<uint4*>(out + (long long)r * dim);
 #pragma unroll
-    for (int i = 0; i < V; ++i) {
+    for (int i = 0; i < RMS_VPL; ++i) {
         const int k = lane + 32 * i;
         if (k < nvec) {
             float x[NV], w[NV];
@@ -155,5 +150,79 @@ add_rmsnorm_warp(typename D::T* __restrict__ residual, const typename D::T* __re
             for (int j = 0; j < NV; ++j) x[j] = x[j] * inv * w[j];
             o[k] = pack16<D>(x);
         }
+    }
+}
+
+// add_rmsnorm's arithmetic, a block per row and one 16-byte vector per thread, for rows past a
+// warp's registers: dim % (16 / sizeof(T)) == 0 and dim / (16 / sizeof(T)) <= RMS_ROW_THREADS
+// (Coder-1.5B's 1536: 192 threads; Qwen2.5-7B's 3584: 448). A thread issues all its loads at
+// once (residual, delta or its P slices, weight: one round trip to memory), and the row's sum
+// of squares is each warp's shuffle, then the warps' partials in warp order after one barrier.
+// A warp a row in more vectors a lane ran 4.2 us a call at 1536 (64 rows: 64 warps on a
+// 132-multiprocessor GPU, each waiting on its own loads in turn); the block kernel above,
+// 2-byte loads in a loop, 8 us at 1536 and 17 us at 3584.
+#define RMS_ROW_THREADS 512
+
+template <class D, int P>
+__global__ void __launch_bounds__(RMS_ROW_THREADS)
+add_rmsnorm_row(typename D::T* __restrict__ residual, const typename D::T* __restrict__ delta,
+                const float* __restrict__ parts, const typename D::T* __restrict__ weight,
+                typename D::T* __restrict__ out, int rows, int dim, float eps) {
+    pdl_begin();
+    constexpr int NV = Vec16<D>::N;
+    constexpr int PV = P > 0 ? P : 1;
+    constexpr int F4 = NV / 4;
+    __shared__ float partial[RMS_ROW_THREADS / 32];
+    const int r = blockIdx.x, k = threadIdx.x;
+    const bool mine = k < dim / NV;  // this thread's vector is in the row
+    const long long base = (long long)r * dim;
+    uint4* res = reinterpret_cast<uint4*>(residual + base);
+    uint4 xv, wv;
+    float ss = 0.f;
+    if (mine) {
+        xv = res[k];
+        wv = reinterpret_cast<const uint4*>(weight)[k];
+        bool add = delta != nullptr;
+        uint4 dv;
+        if constexpr (P > 0) {
+            const float4* part = reinterpret_cast<const float4*>(parts + base);
+            const long long part_stride = (long long)rows * dim / 4;  // float4s between slices
+            float4 slices[PV][F4];
+#pragma unroll
+            for (int p = 0; p < PV; ++p)
+#pragma unroll
+                for (int f = 0; f < F4; ++f) slices[p][f] = part[p * part_stride + (long long)k * F4 + f];
+            dv = slice_sum<D>(slices);
+            add = true;
+        } else if (add) {
+            dv = reinterpret_cast<const uint4*>(delta + base)[k];
+        }
+        float x[NV];
+        unpack16<D>(xv, x);
+        if (add) {
+            float d[NV];
+            unpack16<D>(dv, d);
+#pragma unroll
+            for (int j = 0; j < NV; ++j) x[j] += d[j];
+            xv = pack16<D>(x);  // rounded to the storage
+            res[k] = xv;
+            unpack16<D>(xv, x);
+        }
+#pragma unroll
+        for (int j = 0; j < NV; ++j) ss += x[j] * x[j];
+    }
+    ss = warp_sum(ss);
+    if ((k & 31) == 0) partial[k >> 5] = ss;
+    __syncthreads();
+    float total = 0.f;  // every thread sums the partials in warp order (broadcast reads): one barrier
+    for (int w = 0; w < (int)(blockDim.x >> 5); ++w) total += partial[w];
+    const float inv = 1.0f / sqrtf(total / (float)dim + eps);
+    if (mine) {
+        float x[NV], w[NV];
+        unpack16<D>(xv, x);
+        unpack16<D>(wv, w);
+#pragma unroll
+        for (int j = 0; j < NV; ++j) x[j] = x[j] * inv * w[j];
+        reinterpret_cast<uint4*>(out + base)[k] = pack16<D>(x);
     }
 }
