@@ -90,3 +90,43 @@ def test_the_readmes_vllm_rows_at_larger_shapes_are_the_records():
         ours, seeded, unseeded = (rec[f"{b}_{k}_ms"] for k in ("ratchet", "vllm_seeded", "vllm_unseeded"))
         cells = [f"{x:.3g} ms" if x < 10 else f"{x:.1f} ms" for x in (ours, seeded, unseeded)]
         assert f"| {label} | {' | '.join(cells)} | {seeded / ours:.2g}x |" in text, label
+
+
+def test_the_readmes_larger_shapes_table_is_the_records_summary():
+    text = (ROOT / "README.md").read_text()
+    summary = _record("h200-bench-1.5b.json")["summary"]
+    for label, key in (("Qwen2.5-Coder-1.5B (1.78B parameters, untied output)", "coder_1.5b"),
+                       ("Qwen2.5-7B (28 layers, hidden 3584, 28/4 heads)", "qwen2.5_7b")):
+        s = summary[key]
+        row = f"| {label} | {s['decode_ms_per_step_b64']:.2f} ms"
+        share = f"| {s['roofline_ms_b64']:.2f} ms | **{100 * s['roofline_share_b64']:.0f}%** |"
+        line = next((ln for ln in text.splitlines() if ln.startswith(row)), None)
+        assert line is not None and share in line, key
+
+
+def test_the_readmes_1_5b_study_is_its_record():
+    import json
+
+    record = ROOT / "results/records/h200-local-1.5b"
+    if not (record / "summary.json").is_file():
+        pytest.skip("no 1.5B record")
+    s = json.loads((record / "summary.json").read_text())
+    text = (ROOT / "README.md").read_text()
+    assert s["complete"] and s["repro_identical"]
+    assert f"`wall_s` is their sum, **{s['wall_s']:,.1f} s ({s['wall_s'] / 60:.1f} min)**" in text
+
+    def acc(key):
+        return f"{100 * s[key]:.1f}% ± {100 * s[key.replace('accuracy', 'accuracy_stderr')]:.1f}"
+
+    cells = [acc("baseline_accuracy")]
+    for mode in ("colocated", "split"):
+        g = s[f"gain_{mode}"]
+        cells.append(f"{acc(f'after_accuracy_{mode}')} (**{100 * g['gain']:+.1f} ± {100 * g['gain_stderr']:.1f}**, "
+                     f"{g['improved']}")
+    line = next(ln for ln in text.splitlines() if ln.startswith("| Coder-1.5B | "))
+    for cell in cells:
+        assert cell in line, cell
+    decompose = pd.read_parquet(record / "ablate/decompose.parquet")
+    exact = decompose[decompose["source"] == "exact"]
+    assert exact["abs_diff_max"].max() == 0
+    assert f"exact fix leaves 0 on all {exact['num_tokens'].sum():,} measured tokens" in text
