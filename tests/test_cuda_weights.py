@@ -356,3 +356,92 @@ def test_engine_vs_trainer_real_shapes(shape, dtype, init):
           f"mean |dlogp| {d.mean():.3g}, max {d.max():.3g}, mean logp {engine_flat.mean():.3f}")
     assert d.size >= 16000
     assert d.mean() <= (DLOGP_BOUND_15B if shape == "qwen2.5-coder-1.5b" else DLOGP_BOUND)[dtype, init]
+
+
+# ------------------------------------------------------------------ sync telemetry, one kernel
+
+
+class _Masters:
+    """The Policy surface SyncTelemetry reads: fp32 CUDA tensors by name."""
+
+    def __init__(self, weights):
+        self.weights = weights
+
+    def export_weights(self):
+        return self.weights
+
+
+def _telemetry_masters(dtype: str, seed: int):
+    """Sizes around a chunk (8,192) and a checksum block (65,536), values on and off the
+    dtype's grid, signed zeros and exact ties between two grid values."""
+    import torch
+
+    from ratchet.trainer.precision import torch_dtype
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    sizes = {"a": 1, "b": 8191, "c": 8193, "d": 2 * 65536 + 5, "e": 300_000}
+    out = {}
+    for name, n in sizes.items():
+        w = torch.randn(n, generator=g, device="cuda") * 0.05
+        on_grid = w[: n // 3].to(torch_dtype(dtype)).float()
+        w[: n // 3] = on_grid
+        if n > 10:
+            w[3], w[4] = 0.0, -0.0
+            spacing = 2.0 ** -10 if dtype == "fp16" else 2.0 ** -7
+            w[5] = 1.0 + spacing / 2  # a tie: rounds to even
+        out[name] = w
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("held", [False, True], ids=["from-masters", "held-given"])
+def test_one_kernel_telemetry_equals_torchs(dtype, held):
+    """The fused path's shares and checksums are torch's, bit for bit, over updates of which
+    some the rounding hides and some it shows; with the engine's start values given (a resumed
+    engine) and without."""
+    import torch
+
+    from ratchet.rl.telemetry import SyncTelemetry
+    from ratchet.trainer.precision import torch_dtype
+
+    masters = _Masters(_telemetry_masters(dtype, seed=1))
+    start = ({k: (v * 0.999).to("cpu", torch_dtype(dtype)) for k, v in masters.weights.items()}
+             if held else None)
+    fused = SyncTelemetry(masters, dtype, held=start, fused=True)
+    plain = SyncTelemetry(masters, dtype, held=start, fused=False)
+    assert fused.fused is not None and plain.fused is None
+    for step, scale in enumerate((1.0, 1 + 1e-6, 1 + 1e-3, 1.0)):
+        with torch.no_grad():
+            for w in masters.weights.values():
+                w.mul_(scale)
+        (fs, fc), (ts, tc) = fused.measure(masters), plain.measure(masters)
+        assert fc == tc, step
+        for key in ("sync/visible_share", "sync/masters_off_grid_share"):
+            assert fs[key] == ts[key], (step, key)
+    assert 0 < fs["sync/masters_off_grid_share"] < 1
+
+
+def test_one_kernel_parity_catches_a_stale_engine_value():
+    """After an in-place sync the trainer's expected checksums (one kernel) and the engine's
+    (one kernel) agree; one engine weight left stale breaks parity and names its tensor."""
+    import cupy as cp
+    import torch
+
+    from ratchet.engine.cuda.backend import CudaBackend
+    from ratchet.rl.telemetry import SyncTelemetry, parity
+
+    cfg = small_config("a")
+    masters = _Masters({k: torch.from_numpy(v).cuda() for k, v in random_weights(cfg, seed=7).items()})
+    engine = CudaBackend(cfg, "fp16", 4, 64)
+    engine.load_weights({k: round_to(v.cpu().numpy(), "fp16") for k, v in masters.weights.items()})
+    telemetry = SyncTelemetry(masters, "fp16", fused=True)
+    with torch.no_grad():
+        for w in masters.weights.values():
+            w.mul_(1 + 1e-2)
+    _, expected = telemetry.measure(masters)
+    engine.update_weights(masters.weights)
+    assert parity(expected, engine.weight_checksums()) == (1.0, None)
+    name = list(engine.weights)[3]
+    flat = engine.weights[name].reshape(-1)
+    flat[7] = cp.asarray(flat[7].get() + 1)  # one stale value
+    assert parity(expected, engine.weight_checksums()) == (0.0, name)

@@ -116,3 +116,30 @@ def test_decode_buckets_are_the_powers_of_two_up_to_the_batch():
     assert buckets_for(100) == [1, 2, 4, 8, 16, 32, 64, 128]
     assert buckets_for(512) == [2 ** k for k in range(10)]
     assert buckets_for(1) == [1]
+
+
+def test_the_telemetry_kernels_chunk_walk_gives_the_checksums():
+    """sync_telemetry (kernels/convert.cu) as NumPy: chunks from plan.chunk_table, each value's
+    place in its tensor from its chunk, the two position-weighted sums as the kernel forms them
+    (i & 0xffff, i >> 16) equal ratchet.model.checksum's, at sizes around a chunk and a block."""
+    import numpy as np
+
+    from ratchet.model.checksum import BLOCK, block_checksums
+
+    convert = loader.kernel_path("convert").read_text()
+    assert f"#define TELEMETRY_CHUNK {plan.TELEMETRY_CHUNK}" in convert
+    assert f"#define CHECKSUM_BLOCK_BITS {BLOCK.bit_length() - 1}" in convert
+    rng = np.random.default_rng(0)
+    sizes = [0, 1, 8191, 8192, 8193, 2 * BLOCK + 5, 200_000, 3]
+    arrays = [rng.integers(-32768, 32768, n).astype(np.int16) for n in sizes]
+    first, table = plan.chunk_table(sizes)
+    assert len(table) == sum(-(-n // plan.TELEMETRY_CHUNK) for n in sizes) and table.dtype == np.int32
+    sums = np.zeros((len(sizes), 2), dtype=np.int64)
+    for c, d in enumerate(table):
+        begin = (c - first[d]) * plan.TELEMETRY_CHUNK
+        i = np.arange(begin, min(begin + plan.TELEMETRY_CHUNK, sizes[d]), dtype=np.int64)
+        w = arrays[d][i].astype(np.int64)
+        sums[d] += [(w * ((i & (BLOCK - 1)) + 1)).sum(), (w * ((i >> 16) + 1)).sum()]
+    assert [tuple(s) for s in sums.tolist()] == block_checksums(arrays, np)
+    first, table = plan.chunk_table([])
+    assert first == [] and table.size == 0

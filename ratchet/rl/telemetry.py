@@ -5,6 +5,7 @@ TRL and NeMo users have hit, sets `sync/weights_parity` to 0 and names the first
 
 from __future__ import annotations
 
+import os
 import time
 from itertools import pairwise
 
@@ -72,17 +73,26 @@ def _stacked_sums(stacked: torch.Tensor) -> torch.Tensor:
 
 
 class SyncTelemetry:
-    """Keeps the last synced weights, rounded (on the trainer's device, tensors of one shape
-    stacked, so a measurement is a few launches for the whole model), to compare the next sync
-    with. `measure` is apart from the parity check so the split mode can measure at send time
-    and check when the engine reports back."""
+    """Keeps the last synced weights, rounded, to compare the next sync with. With the masters
+    on a GPU and CuPy there, one kernel a sync (ratchet/engine/cuda/telemetry.py: the rounding,
+    both counts and the checksums in one pass, the last values in a buffer of its own);
+    otherwise torch on the trainer's device, tensors of one shape stacked, a few launches for
+    the whole model. Both give the same counts and checksums. `measure` is apart from the
+    parity check so the split mode can measure at send time and check when the engine reports
+    back."""
 
-    def __init__(self, policy, engine_dtype: str, held: dict[str, torch.Tensor] | None = None):
+    def __init__(self, policy, engine_dtype: str, held: dict[str, torch.Tensor] | None = None,
+                 fused: bool | None = None):
         """`held`: what the engine holds now, when it is not the masters rounded (a resumed split
-        engine, its dtype's values)."""
+        engine, its dtype's values). `fused`: the one-kernel path (None: wherever it runs)."""
         self.dtype = torch_dtype(engine_dtype)
         weights = policy.export_weights()
         self.names = list(weights)
+        self.fused = _fused_telemetry(weights, engine_dtype, held) if fused in (None, True) else None
+        if fused and self.fused is None:
+            raise ValueError("sync telemetry: the one-kernel path needs fp32 masters on a GPU and CuPy")
+        if self.fused is not None:
+            return
         self.groups: dict[tuple, list[str]] = {}
         for name, w in weights.items():
             self.groups.setdefault(tuple(w.shape), []).append(name)
@@ -95,6 +105,16 @@ class SyncTelemetry:
         """(the shares of this sync, the checksums of what the engine should now hold)."""
         start = time.perf_counter()
         weights = policy.export_weights()
+        if self.fused is not None:
+            changed, off, found = self.fused.measure(weights)
+            total = sum(self.fused.sizes)
+        else:
+            changed, off, found, total = self._measure_torch(weights)
+        return ({"sync/visible_share": changed / total, "sync/masters_off_grid_share": off / total,
+                 "time/telemetry_s": time.perf_counter() - start},
+                {n: (int(found[n][0]), int(found[n][1])) for n in self.names})  # layout order
+
+    def _measure_torch(self, weights) -> tuple[int, int, dict, int]:
         counts, tables, rounded, total = [], [], {}, 0
         for shape, names in self.groups.items():
             masters = _rows([weights[n].detach() for n in names])  # [g, *shape]
@@ -107,9 +127,23 @@ class SyncTelemetry:
         by_group = iter(torch.cat(tables).tolist())
         found = {n: tuple(next(by_group)) for names in self.groups.values() for n in names}
         self.last = rounded
-        return ({"sync/visible_share": changed / total, "sync/masters_off_grid_share": off / total,
-                 "time/telemetry_s": time.perf_counter() - start},
-                {n: (int(found[n][0]), int(found[n][1])) for n in self.names})  # layout order
+        return changed, off, found, total
+
+
+def _fused_telemetry(weights: dict[str, torch.Tensor], engine_dtype: str, held):
+    """The one-kernel telemetry for these masters, or None where it cannot run (masters on the
+    host or not contiguous fp32, an fp32 engine, no CuPy) or where RATCHET_FUSED_TELEMETRY=0
+    asks for torch's path (to compare the two, or to step around a kernel on a new GPU)."""
+    if engine_dtype not in ("fp16", "bf16") or os.environ.get("RATCHET_FUSED_TELEMETRY", "1") == "0":
+        return None
+    if not all(w.is_cuda and w.dtype == torch.float32 and w.is_contiguous() for w in weights.values()):
+        return None
+    try:
+        from ratchet.engine.cuda.telemetry import MasterTelemetry
+    except ImportError:  # no CuPy: torch's path
+        return None
+    words = None if held is None else {n: held[n].detach().contiguous().view(torch.int16) for n in weights}
+    return MasterTelemetry(weights, engine_dtype, words)
 
 
 def parity(expected: dict[str, tuple[int, int]], held: dict[str, tuple[int, int]]) -> tuple[float, str | None]:

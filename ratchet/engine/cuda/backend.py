@@ -14,7 +14,7 @@ import numpy as np
 
 from ratchet.engine.backend import ReadyStep, fed_tokens, feed_rows
 from ratchet.engine.cuda import sampler as gpu_sampler
-from ratchet.engine.cuda import sync
+from ratchet.engine.cuda import sync, telemetry
 from ratchet.engine.cuda.forward import LayerLoop, Workspace
 from ratchet.engine.cuda.graphs import DecodeGraphs, buckets_for
 from ratchet.engine.cuda.ops import STORAGE, Ops, decode_split
@@ -27,7 +27,6 @@ from ratchet.engine.cuda.prefill import (
 from ratchet.engine.cuda.staging import PARAMS, CudaStep, Staging
 from ratchet.engine.sampling import SamplingBatch
 from ratchet.errors import InputError
-from ratchet.model.checksum import block_checksums
 from ratchet.model.config import ModelConfig
 from ratchet.model.dtypes import fp32_to_bf16_bits
 from ratchet.model.flat_weights import FlatWeights
@@ -101,6 +100,7 @@ class CudaBackend:
         self.split_products: tuple[str, ...] = ("wo", "w_down")
         self.weights: dict[str, cp.ndarray] = {}
         self.weight_sync: sync.WeightSync | None = None  # the buffers' pointers, once they exist
+        self._checksum_launch: telemetry.Launch | None = None
         self.flat_weights: cp.ndarray | None = None  # every buffer's storage, in flat_offsets' layout
         self.flat_sync: sync.WeightSync | None = None  # the whole of it as one buffer (FlatWeights)
         self._graphs = DecodeGraphs(self.stream, self._decode_body, enabled=use_graphs)
@@ -170,8 +170,11 @@ class CudaBackend:
                 self.weight_sync.copy(on_device)
 
     def weight_checksums(self) -> dict[str, tuple[int, int]]:
+        """ratchet.model.checksum's checksums of the weight buffers, one launch (telemetry.py)."""
+        if self._checksum_launch is None:
+            self._checksum_launch = telemetry.Launch()
         with self.stream:
-            out = dict(zip(self.weights, block_checksums([w.reshape(-1).view(cp.int16) for w in self.weights.values()], cp)))
+            out = dict(zip(self.weights, telemetry.buffer_checksums(list(self.weights.values()), self._checksum_launch)))
         return out
 
     def _host_storage(self, value) -> np.ndarray:

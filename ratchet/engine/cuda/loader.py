@@ -124,7 +124,8 @@ def expressions(name: str, dtypes=("fp32", "fp16", "bf16"), attn_shapes=((64, 7)
     if name == "convert":
         return ("convert_f32<0>", "convert_f32<1>", "convert_many<0>", "convert_many<1>", "convert_many<2>",
                 "convert_table<0, 8192, 4, 0>", "convert_table<1, 8192, 4, 0>", "convert_table<2, 8192, 4, 0>",
-                "convert_tiles<0, 2>", "convert_tiles<1, 2>", "convert_tiles<0, 4>", "convert_tiles<1, 4>")
+                "convert_tiles<0, 2>", "convert_tiles<1, 2>", "convert_tiles<0, 4>", "convert_tiles<1, 4>",
+                "sync_telemetry<0>", "sync_telemetry<1>", "sync_telemetry<3>")
     if name == "attention_decode":
         general = tuple(f"attn_decode_{part}<{t}, {hd}, {g}>" for t in tags for hd, g in attn_shapes
                         for part in ("partial", "combine"))

@@ -71,6 +71,18 @@ def rms_norm_kernel(dim: int, vec: int) -> tuple[str, int]:
     return "block", 256
 
 
+TELEMETRY_CHUNK = 8192  # kernels/convert.cu TELEMETRY_CHUNK: values a block of sync_telemetry takes
+
+
+def chunk_table(sizes, chunk: int = TELEMETRY_CHUNK) -> tuple[list[int], np.ndarray]:
+    """Tensors of `sizes` values cut into chunks of `chunk` (a tensor's last one partial, an
+    empty tensor none), numbered in order: each tensor's first chunk, and each chunk's tensor
+    (int32), the table sync_telemetry (and convert_table) read a chunk's descriptor from."""
+    counts = [-(-int(n) // chunk) for n in sizes]
+    first = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist() if counts else []
+    return first, np.repeat(np.arange(len(counts), dtype=np.int32), counts)
+
+
 def split_k(rows: int, k: int) -> int:
     """K slices for a decode bucket's wo / w_down product of inner size k (0: one product)."""
     if rows <= SPLIT_K_MAX_ROWS and k % SPLIT_K == 0 and (k // SPLIT_K) % 8 == 0:
