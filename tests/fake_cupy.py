@@ -46,6 +46,7 @@ cp.full = lambda *a, **k: _fa(np.full(*a, **k))
 cp.asarray = lambda x, dtype=None: x if isinstance(x, FakeArray) and dtype is None else _fa(np.array(x, dtype=dtype))
 cp.ascontiguousarray = lambda x: _fa(np.ascontiguousarray(x))
 cp.asnumpy = lambda x: np.array(x)
+cp.from_dlpack = lambda x: _fa(np.from_dlpack(x))
 cp.all = np.all
 cp.uint16, cp.uint32, cp.float32 = np.uint16, np.uint32, np.float32
 
@@ -111,6 +112,12 @@ class Device:
 
     def use(self):
         pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
 
 
 def _unmapped(ptr):
@@ -267,6 +274,48 @@ def fake_sampler_launch(logits, params, tokens_out, logprobs_out, table=None, wo
     logprobs_out[:rows] = lp
 
 
+def _host(address: int, ctype, n: int) -> np.ndarray:
+    """The n values at a host address (a pointer a descriptor carries), as an array over them."""
+    import ctypes
+
+    return np.ctypeslib.as_array((ctype * max(n, 1)).from_address(address))[:n]
+
+
+def fake_telemetry_kernel(mode: int):
+    """kernels/convert.cu's sync_telemetry<mode> in NumPy, reading and writing the memory its
+    descriptors point at: the same chunk walk, rounding (ratchet.model.dtypes), counts and sums."""
+    import ctypes
+
+    from ratchet.engine.cuda.plan import TELEMETRY_CHUNK
+    from ratchet.model.dtypes import bf16_bits_to_fp32, fp32_to_bf16_bits
+
+    def launch(grid, block, args):
+        desc, table, nchunks, out, counts = args
+        desc, table = np.asarray(desc), np.asarray(table)
+        for c in range(int(nchunks)):
+            d = int(table[c])
+            src, last, n, first = (int(x) for x in desc[d])
+            begin = (c - first) * TELEMETRY_CHUNK
+            i = np.arange(begin, min(begin + TELEMETRY_CHUNK, n), dtype=np.int64)
+            if mode == 3:
+                words = _host(src, ctypes.c_uint16, n)[i]
+            else:
+                m, held = _host(src, ctypes.c_float, n)[i], _host(last, ctypes.c_uint16, n)
+                if mode == 0:
+                    words = m.astype(np.float16).view(np.uint16)
+                    value, before = (w.view(np.float16).astype(np.float32) for w in (words, held[i]))
+                else:
+                    words = fp32_to_bf16_bits(m)
+                    value, before = bf16_bits_to_fp32(words), bf16_bits_to_fp32(held[i])
+                counts[0] += np.uint64((value != before).sum())
+                counts[1] += np.uint64((value != m).sum())
+                held[i] = words
+            w = words.view(np.int16).astype(np.int64)
+            for k, weight in enumerate(((i & 0xFFFF) + 1, (i >> 16) + 1)):
+                out[2 * d + k] = np.uint64((int(out[2 * d + k]) + int((w * weight).sum())) % (1 << 64))
+    return launch
+
+
 def install():
     """The fake CuPy in sys.modules, and the backend's kernels replaced by the fakes."""
     sys.modules["cupy"] = cp
@@ -277,3 +326,5 @@ def install():
     gs.launch = fake_sampler_launch
     gs.gumbel_table = lambda: None
     gs.workspace = lambda rows: np.zeros(rows)
+    from ratchet.engine.cuda import telemetry
+    telemetry._kernel = fake_telemetry_kernel

@@ -117,3 +117,52 @@ plain = CudaBackend(cfg, "fp16", 4, 64).stream.priority
 print(json.dumps({"high": high, "plain": plain}))
 """)
     assert results == {"high": -5, "plain": None}  # the fake device's range is (0, -5)
+
+
+def test_one_kernel_telemetry_glue_on_fake_kernels():
+    """ratchet/engine/cuda/telemetry.py's host side (descriptors, the held buffer's offsets, the
+    start from held words, the read-back) around a NumPy sync_telemetry that reads and writes
+    the memory its descriptors point at: the counts and checksums of torch's path over updates,
+    from the masters and from held values; the engine buffers' checksums NumPy's."""
+    results = on_fake_gpu("""
+import torch
+from ratchet.engine.cuda import telemetry
+from ratchet.model.checksum import block_checksums
+from ratchet.rl.telemetry import SyncTelemetry
+
+class Masters:
+    def __init__(self, w):
+        self.w = w
+    def export_weights(self):
+        return self.w
+
+out = {}
+for dtype, tdtype in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
+    torch.manual_seed(0)
+    w = {k: torch.randn(n) * 0.05 for k, n in (("a", 1), ("b", 8191), ("c", 8193), ("d", 2 * 65536 + 5), ("e", 20000))}
+    w["b"][:100] = w["b"][:100].to(tdtype).float()  # on the grid
+    for held in (None, {k: (v * 0.999).to(tdtype) for k, v in w.items()}):
+        plain = SyncTelemetry(Masters(w), dtype, held=held, fused=False)
+        words = None if held is None else {k: v.view(torch.int16) for k, v in held.items()}
+        fused = telemetry.MasterTelemetry(w, dtype, words)
+        for scale in (1.0, 1 + 1e-6, 1 + 1e-3):
+            with torch.no_grad():
+                for v in w.values():
+                    v.mul_(scale)
+            shares, sums = plain.measure(Masters(w))
+            changed, off, found = fused.measure(w)
+            total = sum(fused.sizes)
+            key = f"{dtype} {'held' if held else 'start'} {scale}"
+            out[key] = [found == sums, changed / total == shares["sync/visible_share"],
+                        off / total == shares["sync/masters_off_grid_share"], changed]
+rng = np.random.default_rng(1)
+buffers = [fake_cupy.cp.asarray(rng.standard_normal(n).astype(t)) for n, t in
+           ((3, np.float16), (70000, np.float16), (8192, np.float16), (100, np.float32))]
+out["buffers"] = telemetry.buffer_checksums(buffers) == block_checksums([np.asarray(b).view(np.int16) for b in buffers], np)
+print(json.dumps(out))
+""")
+    assert results.pop("buffers") is True
+    for key, (same_sums, same_visible, same_off, changed) in results.items():
+        assert same_sums and same_visible and same_off, key
+    assert results["fp16 start 1.0"][3] == 0 and results["fp16 start 1.001"][3] > 0
+    assert results["bf16 held 1.0"][3] > 0  # the held values were not the masters rounded
