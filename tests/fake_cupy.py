@@ -276,8 +276,6 @@ def fake_sampler_launch(logits, params, tokens_out, logprobs_out, table=None, wo
 
 def _host(address: int, ctype, n: int) -> np.ndarray:
     """The n values at a host address (a pointer a descriptor carries), as an array over them."""
-    import ctypes
-
     return np.ctypeslib.as_array((ctype * max(n, 1)).from_address(address))[:n]
 
 
