@@ -77,9 +77,9 @@ class SyncTelemetry:
     on a GPU and CuPy there, one kernel a sync (ratchet/engine/cuda/telemetry.py: the rounding,
     both counts and the checksums in one pass, the last values in a buffer of its own);
     otherwise torch on the trainer's device, tensors of one shape stacked, a few launches for
-    the whole model. Both give the same counts and checksums. `measure` is apart from the
-    parity check so the split mode can measure at send time and check when the engine reports
-    back."""
+    the whole model. Both give the same counts and checksums (a NaN master aside: the kernel
+    rounds it to the NaN the sync writes, torch to its own). `measure` is apart from the parity
+    check so the split mode can measure at send time and check when the engine reports back."""
 
     def __init__(self, policy, engine_dtype: str, held: dict[str, torch.Tensor] | None = None,
                  fused: bool | None = None):
