@@ -9,7 +9,7 @@ FIX_RUNS = ["none", "fix", "exact", "tis", "mis"]
 
 
 @pytest.mark.slow
-def test_variants_are_nested_runs_with_shared_metric_names(tmp_path, monkeypatch):
+def test_variants_are_nested_runs_with_shared_metric_names(tmp_path, monkeypatch, capsys):
     from mlflow.tracking import MlflowClient
 
     from ratchet.config import validate
@@ -26,6 +26,10 @@ def test_variants_are_nested_runs_with_shared_metric_names(tmp_path, monkeypatch
     for stage in ("download_model", "download_data", "convert_weights", "build_engine", "ablate_fix",
                   "ablate_decompose", "train_colocated", "train_split"):
         run_stage(stage, cfg)
+        if stage == "ablate_fix":  # its log (stdout in the pipeline) gets a line a step, as a training's
+            lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("[ablate_fix] ")]
+            assert [ln.split()[1:4] for ln in lines if " step " in ln] == [
+                [run, "step", str(step)] for run in FIX_RUNS for step in range(2)]
 
     client = MlflowClient(f"sqlite:///{tmp_path / 'results' / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("ratchet").experiment_id])

@@ -218,6 +218,10 @@ def ablate_fix(cfg: dict, run) -> None:
     progress = Progress("ablate_fix", len(settings.fix_runs) * settings.fix_steps)
 
     def log(name, step, row):
+        # the rule's log gets a line a step, as a training's does (the console gets the progress)
+        print(f"[ablate_fix] {name:5s} step {step:3d}  reward {row['reward']:.3f}  "
+              f"|dlogp| mean {row.get('gap_mean', np.nan):.1e} max {row.get('gap_max', np.nan):.3g}  "
+              f"visible {row.get('visible_share', np.nan):.4f}", flush=True)
         # one nested run per fix run, under the names the trainings log (train/..., mismatch/...)
         variant = run.variant(name, {"fix_run": name, **FIX_RUNS[name]})
         variant.log_metrics({FIX_METRICS[k]: v for k, v in row.items()
