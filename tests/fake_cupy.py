@@ -280,7 +280,7 @@ def _host(address: int, ctype, n: int) -> np.ndarray:
 
 
 def fake_telemetry_kernel(mode: int):
-    """kernels/convert.cu's sync_telemetry<mode> in NumPy, reading and writing the memory its
+    """kernels/telemetry.cu's sync_telemetry<mode> in NumPy, reading and writing the memory its
     descriptors point at: the same chunk walk, rounding (ratchet.model.dtypes), counts and sums."""
     import ctypes
 

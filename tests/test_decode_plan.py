@@ -119,16 +119,16 @@ def test_decode_buckets_are_the_powers_of_two_up_to_the_batch():
 
 
 def test_the_telemetry_kernels_chunk_walk_gives_the_checksums():
-    """sync_telemetry (kernels/convert.cu) as NumPy: chunks from plan.chunk_table, each value's
+    """sync_telemetry (kernels/telemetry.cu) as NumPy: chunks from plan.chunk_table, each value's
     place in its tensor from its chunk, the two position-weighted sums as the kernel forms them
     (i & 0xffff, i >> 16) equal ratchet.model.checksum's, at sizes around a chunk and a block."""
     import numpy as np
 
     from ratchet.model.checksum import BLOCK, block_checksums
 
-    convert = loader.kernel_path("convert").read_text()
-    assert f"#define TELEMETRY_CHUNK {plan.TELEMETRY_CHUNK}" in convert
-    assert f"#define CHECKSUM_BLOCK_BITS {BLOCK.bit_length() - 1}" in convert
+    kernel = loader.kernel_path("telemetry").read_text()
+    assert f"#define TELEMETRY_CHUNK {plan.TELEMETRY_CHUNK}" in kernel
+    assert f"#define CHECKSUM_BLOCK_BITS {BLOCK.bit_length() - 1}" in kernel
     rng = np.random.default_rng(0)
     sizes = [0, 1, 8191, 8192, 8193, 2 * BLOCK + 5, 200_000, 3]
     arrays = [rng.integers(-32768, 32768, n).astype(np.int16) for n in sizes]

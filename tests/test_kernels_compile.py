@@ -27,7 +27,7 @@ ATTN_SHAPES = ((64, 7), (128, 4), (128, 6), (128, 7), (32, 2), (16, 2))  # 0.5B,
 
 def test_every_operation_has_its_file():
     assert set(KERNELS) >= {"rmsnorm", "rope", "attention_decode", "attention_prefill", "swiglu", "sampler",
-                            "embedding", "convert"}
+                            "embedding", "convert", "telemetry"}
     for name in KERNELS:
         loader.expressions(name)  # every file has its instances listed
 
@@ -61,7 +61,7 @@ def test_fast_math_is_refused_and_elementwise_kernels_skip_fma():
         with pytest.raises(ValueError):
             loader.options(name, ("--use_fast_math",))
         assert not any("fast_math" in o for o in loader.options(name))
-    for name in ("sampler", "rmsnorm", "rope", "swiglu", "convert"):
+    for name in ("sampler", "rmsnorm", "rope", "swiglu", "convert", "telemetry"):
         assert "--fmad=false" in loader.options(name)
 
 
@@ -142,8 +142,9 @@ def test_compiles_with_nvrtc_sm90(name):
 
 
 # Launched plainly, never through launch.pdl_kernel: the weight sync's conversion kernels, where
-# griddepcontrol at the start slowed the sync (docs/KERNELS.md, run 6).
-PLAIN_LAUNCH = {"convert.cu"}
+# griddepcontrol at the start slowed the sync (docs/KERNELS.md, run 6), and the sync telemetry's,
+# launched once a sync from ratchet/engine/cuda/telemetry.py.
+PLAIN_LAUNCH = {"convert.cu", "telemetry.cu"}
 
 
 def test_every_kernel_waits_for_its_predecessor_first():
@@ -167,3 +168,4 @@ def test_every_kernel_waits_for_its_predecessor_first():
     assert found >= 12
     ops = (ROOT / "ratchet/engine/cuda/ops.py").read_text() + (ROOT / "ratchet/engine/cuda/sync.py").read_text()
     assert not re.search(r"pdl_kernel\([^)]*convert", ops), "convert.cu's kernels must launch plainly"
+    assert "pdl_kernel" not in (ROOT / "ratchet/engine/cuda/telemetry.py").read_text()

@@ -18,7 +18,7 @@ KERNEL_DIR = Path(os.environ.get("RATCHET_KERNEL_DIR") or str(resources.files("r
 
 BASE_OPTIONS = ("-std=c++17",)
 # Element-wise kernels: no fused multiply-add, so each fp32 product and sum rounds on its own.
-NO_FMA = ("rmsnorm", "rope", "swiglu", "convert", "embedding", "sampler")
+NO_FMA = ("rmsnorm", "rope", "swiglu", "convert", "telemetry", "embedding", "sampler")
 FORBIDDEN_OPTIONS = ("--use_fast_math", "-use_fast_math")
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
@@ -124,8 +124,9 @@ def expressions(name: str, dtypes=("fp32", "fp16", "bf16"), attn_shapes=((64, 7)
     if name == "convert":
         return ("convert_f32<0>", "convert_f32<1>", "convert_many<0>", "convert_many<1>", "convert_many<2>",
                 "convert_table<0, 8192, 4, 0>", "convert_table<1, 8192, 4, 0>", "convert_table<2, 8192, 4, 0>",
-                "convert_tiles<0, 2>", "convert_tiles<1, 2>", "convert_tiles<0, 4>", "convert_tiles<1, 4>",
-                "sync_telemetry<0>", "sync_telemetry<1>", "sync_telemetry<3>")
+                "convert_tiles<0, 2>", "convert_tiles<1, 2>", "convert_tiles<0, 4>", "convert_tiles<1, 4>")
+    if name == "telemetry":  # masters rounded to fp16, to bf16; held 16-bit words
+        return ("sync_telemetry<0>", "sync_telemetry<1>", "sync_telemetry<3>")
     if name == "attention_decode":
         general = tuple(f"attn_decode_{part}<{t}, {hd}, {g}>" for t in tags for hd, g in attn_shapes
                         for part in ("partial", "combine"))

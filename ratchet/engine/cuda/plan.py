@@ -71,7 +71,7 @@ def rms_norm_kernel(dim: int, vec: int) -> tuple[str, int]:
     return "block", 256
 
 
-TELEMETRY_CHUNK = 8192  # kernels/convert.cu TELEMETRY_CHUNK: values a block of sync_telemetry takes
+TELEMETRY_CHUNK = 8192  # kernels/telemetry.cu TELEMETRY_CHUNK: values a block of sync_telemetry takes
 
 
 def chunk_table(sizes, chunk: int = TELEMETRY_CHUNK) -> tuple[list[int], np.ndarray]:

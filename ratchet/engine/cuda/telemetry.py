@@ -1,4 +1,4 @@
-"""The per-sync telemetry on the GPU, one launch a side (kernels/convert.cu, sync_telemetry):
+"""The per-sync telemetry on the GPU, one launch a side (kernels/telemetry.cu, sync_telemetry):
 the trainer's fp32 masters rounded as the sync rounds them, the values that changed since
 the last sync and those off the grid counted, and the checksums of ratchet/model/checksum.py
 formed in the same pass; the engine's buffers checksummed in one launch too. Exact integer
@@ -24,8 +24,8 @@ _kernels: dict = {}
 def _kernel(mode: int):
     key = (mode, cp.cuda.runtime.getDevice())
     if key not in _kernels:
-        exprs = loader.expressions("convert")
-        _kernels[key] = loader.load("convert", exprs).get_function(f"sync_telemetry<{mode}>")
+        exprs = loader.expressions("telemetry")
+        _kernels[key] = loader.load("telemetry", exprs).get_function(f"sync_telemetry<{mode}>")
     return _kernels[key]
 
 

@@ -9,29 +9,9 @@
 // Launched plainly (no programmatic dependent launch, so no pdl_begin): griddepcontrol at the
 // start of these kernels slowed the sync (docs/KERNELS.md, run 6).
 #include "dtype.cuh"
+#include "rounding.cuh"
 
 #define CONVERT_CHUNK 8192  // elements per chunk: a multiple of 8, 4 steps of 256 threads
-
-__device__ __forceinline__ unsigned short f32_to_f16_bits(float f) {
-    const unsigned int b = __float_as_uint(f);
-    if ((b & 0x7f800000u) == 0x7f800000u && (b & 0x007fffffu) != 0) {  // NaN as NumPy keeps it
-        unsigned short h = (unsigned short)(0x7c00u + ((b & 0x007fffffu) >> 13));
-        if (h == 0x7c00u) ++h;
-        return (unsigned short)(((b >> 16) & 0x8000u) | h);
-    }
-    return F16::store(f);
-}
-
-__device__ __forceinline__ unsigned short f32_to_bf16_bits(float f) {
-    const unsigned int b = __float_as_uint(f);
-    if ((b & 0x7f800000u) == 0x7f800000u && (b & 0x007fffffu) != 0) return 0x7fc0u;
-    return (unsigned short)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
-}
-
-template <int BF16_OUT>
-__device__ __forceinline__ unsigned short to_bits(float f) {
-    return BF16_OUT ? f32_to_bf16_bits(f) : f32_to_f16_bits(f);
-}
 
 template <int BF16_OUT>
 __global__ void convert_f32(const float* __restrict__ src, unsigned short* __restrict__ dst, long long n) {
@@ -218,84 +198,6 @@ convert_table(const ConvertDesc* __restrict__ descs, const int* __restrict__ chu
             convert_scalar<MODE>(src, dst_addr, full, end);
         } else {
             convert_scalar<MODE>(src, dst_addr, begin, end);
-        }
-    }
-}
-
-// sync_telemetry: the per-sync telemetry (ratchet/rl/telemetry.py) in one pass over a sync's
-// tensors, from a descriptor table as convert_table's (src, dst = `last`, n, chunk0), one block
-// of 256 threads a chunk of TELEMETRY_CHUNK values. MODE 0 / 1 rounds each fp32 master to fp16 /
-// bf16 as the sync does (to_bits), counts where the rounded value differs from `last` (what the
-// engine held since the previous sync: the share this sync makes visible) and from the master
-// (masters off the dtype's grid), both compared as values as torch's `!=` compares them, stores
-// it as the new `last`, and sums its 16-bit word into ratchet/model/checksum.py's two position
-// weighted sums of its tensor. MODE 3 reads 16-bit words already stored (the engine's buffers,
-// any storage seen as words) and only sums them. Integer sums: the atomics' order leaves them
-// exact. Torch's path made several passes over the masters and their copies (~16 ms at 0.5B).
-#define TELEMETRY_CHUNK 8192
-#define TELEMETRY_HELD 3
-#define CHECKSUM_BLOCK_BITS 16  // ratchet.model.checksum.BLOCK: 2^16 words
-
-template <int MODE>
-__device__ __forceinline__ float bits_value(unsigned short w) {
-    return MODE == 1 ? BF16::load(w) : F16::load(w);
-}
-
-template <int MODE>
-__global__ void __launch_bounds__(256)
-sync_telemetry(const ConvertDesc* __restrict__ descs, const int* __restrict__ chunk_desc, long long nchunks,
-               unsigned long long* __restrict__ sums, unsigned long long* __restrict__ counts) {
-    const long long c = blockIdx.x;  // one block a chunk
-    if (c >= nchunks) return;
-    const int d = __ldg(&chunk_desc[c]);
-    const long long src_addr = __ldg(&descs[d].src), last_addr = __ldg(&descs[d].dst);
-    const long long n = __ldg(&descs[d].n);
-    const long long begin = (c - __ldg(&descs[d].chunk0)) * TELEMETRY_CHUNK;
-    const long long end = min(begin + (long long)TELEMETRY_CHUNK, n);
-    long long within = 0, across = 0;
-    unsigned int changed = 0, off = 0;
-    for (long long i = begin + threadIdx.x; i < end; i += blockDim.x) {
-        unsigned short w;
-        if (MODE == TELEMETRY_HELD) {
-            w = reinterpret_cast<const unsigned short*>(src_addr)[i];
-        } else {
-            const float m = reinterpret_cast<const float*>(src_addr)[i];
-            unsigned short* last = reinterpret_cast<unsigned short*>(last_addr);
-            w = to_bits<MODE>(m);
-            const float v = bits_value<MODE>(w);
-            changed += v != bits_value<MODE>(last[i]);
-            off += v != m;
-            last[i] = w;
-        }
-        const long long s = (short)w;
-        within += s * ((i & ((1LL << CHECKSUM_BLOCK_BITS) - 1)) + 1);
-        across += s * ((i >> CHECKSUM_BLOCK_BITS) + 1);
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        within += __shfl_xor_sync(0xffffffffu, within, o);
-        across += __shfl_xor_sync(0xffffffffu, across, o);
-        changed += __shfl_xor_sync(0xffffffffu, changed, o);
-        off += __shfl_xor_sync(0xffffffffu, off, o);
-    }
-    __shared__ long long warp_within[8], warp_across[8];
-    __shared__ unsigned int warp_changed[8], warp_off[8];
-    const int warp = threadIdx.x >> 5;
-    if ((threadIdx.x & 31) == 0) {
-        warp_within[warp] = within, warp_across[warp] = across;
-        warp_changed[warp] = changed, warp_off[warp] = off;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int k = 1; k < (int)(blockDim.x >> 5); ++k) {
-            within += warp_within[k], across += warp_across[k];
-            changed += warp_changed[k], off += warp_off[k];
-        }
-        atomicAdd(&sums[2 * d], (unsigned long long)within);  // two's complement: a signed sum
-        atomicAdd(&sums[2 * d + 1], (unsigned long long)across);
-        if (MODE != TELEMETRY_HELD) {
-            atomicAdd(&counts[0], (unsigned long long)changed);
-            atomicAdd(&counts[1], (unsigned long long)off);
         }
     }
 }
