@@ -100,7 +100,7 @@ class CudaBackend:
         self.split_products: tuple[str, ...] = ("wo", "w_down")
         self.weights: dict[str, cp.ndarray] = {}
         self.weight_sync: sync.WeightSync | None = None  # the buffers' pointers, once they exist
-        self._checksum_launch: telemetry.Launch | None = None
+        self._checksum_launch = telemetry.Launch()  # weight_checksums' descriptors, kept
         self.flat_weights: cp.ndarray | None = None  # every buffer's storage, in flat_offsets' layout
         self.flat_sync: sync.WeightSync | None = None  # the whole of it as one buffer (FlatWeights)
         self._graphs = DecodeGraphs(self.stream, self._decode_body, enabled=use_graphs)
@@ -171,8 +171,6 @@ class CudaBackend:
 
     def weight_checksums(self) -> dict[str, tuple[int, int]]:
         """ratchet.model.checksum's checksums of the weight buffers, one launch (telemetry.py)."""
-        if self._checksum_launch is None:
-            self._checksum_launch = telemetry.Launch()
         with self.stream:
             out = dict(zip(self.weights, telemetry.buffer_checksums(list(self.weights.values()), self._checksum_launch)))
         return out

@@ -23,8 +23,8 @@ MMA_SMEM_BYTES = 44 * 1024  # the merge's dynamic shared memory: with q_s (<= 4 
 # rmsnorm.cu instantiates its fast kernels for SPLIT_K slices.
 SPLIT_K = 4
 SPLIT_K_MAX_ROWS = 64
-# rmsnorm.cu: add_rmsnorm_warp holds a row in RMS_WARP_VECTORS 16-byte vectors a lane (its RMS_VPL),
-# add_rmsnorm_row a vector a thread in a block of at most RMS_ROW_THREADS (RMS_ROW_THREADS)
+# rmsnorm.cu: add_rmsnorm_warp holds a row in RMS_WARP_VECTORS 16-byte vectors a lane (its #define
+# RMS_VPL), add_rmsnorm_row a vector a thread in a block of at most RMS_ROW_THREADS (its #define)
 RMS_WARP_VECTORS = 4
 RMS_ROW_THREADS = 512
 

@@ -12,6 +12,7 @@ import numpy as np
 
 from ratchet.engine.cuda import loader
 from ratchet.engine.cuda.ops import STORAGE
+from ratchet.engine.cuda.plan import chunk_table
 from ratchet.model.layout import coalesce
 
 BUFFER_DTYPES = {np.dtype(v): k for k, v in STORAGE.items()}  # a buffer's dtype -> its engine dtype
@@ -171,16 +172,11 @@ class _Plan:
         if len(sizes) == 1 and self.kernel.one_range and mode != 2:
             self.range = (np.uint64(src_ptrs[0]), np.uint64(dst_ptrs[0]), np.int64(sizes[0]))
             return
-        chunk = self.kernel.chunk
-        desc = np.empty((len(sizes), 4), dtype=np.int64)
-        counts = [-(-n // chunk) for n in sizes]
-        chunk0 = 0
-        for i, (src, dst, n) in enumerate(zip(src_ptrs, dst_ptrs, sizes)):
-            desc[i] = (src, dst, n, chunk0)
-            chunk0 += counts[i]
-        self.desc, self.ndesc, self.chunks = cp.asarray(desc), len(sizes), chunk0
+        first, table = chunk_table(sizes, self.kernel.chunk)
+        desc = np.array(list(zip(src_ptrs, dst_ptrs, sizes, first)), dtype=np.int64).reshape(-1, 4)
+        self.desc, self.ndesc, self.chunks = cp.asarray(desc), len(sizes), len(table)
         if self.kernel.name == "table":
-            self.table = cp.asarray(np.repeat(np.arange(len(sizes), dtype=np.int32), counts))
+            self.table = cp.asarray(table)
 
 
 class WeightSync:

@@ -40,8 +40,7 @@ class Launch:
         key = (tuple(src_ptrs), tuple(last_ptrs), tuple(sizes))
         if key != self.key:
             first, table = chunk_table(sizes, TELEMETRY_CHUNK)
-            desc = np.array([(s, d, n, f) for s, d, n, f in zip(src_ptrs, last_ptrs, sizes, first)],
-                            dtype=np.int64).reshape(-1, 4)
+            desc = np.array(list(zip(src_ptrs, last_ptrs, sizes, first)), dtype=np.int64).reshape(-1, 4)
             self.desc, self.table, self.chunks = cp.asarray(desc), cp.asarray(table), len(table)
             self.out = cp.empty(2 * len(sizes) + 2, dtype=np.uint64)  # sums [n, 2], then the two counts
             self.key = key
