@@ -8,6 +8,9 @@ A difference is "established" only after Holm's correction over the compute dtyp
 
     python -m dev.dtype_learning --run fp32=DIR --run bf16=DIR --run fp16=DIR --out record.json
 
+Any other knob of one split training compares the same way, against the run `--reference`
+names (e.g. `train.split.extra_groups`: `--reference extra4 --run extra4=DIR --run extra8=DIR`).
+
 Each DIR holds what dev/gpu/dtype-learning.sh copied from one run: metrics.parquet and
 after_split.json / after_split_answers.parquet."""
 
@@ -43,38 +46,39 @@ def one_run(folder: Path) -> tuple[dict, pd.DataFrame]:
     return row, answers
 
 
-def gather(runs: dict[str, Path]) -> dict:
-    """The record: per compute dtype its row, and against the fp32 run its paired difference."""
-    if REFERENCE not in runs:
-        raise SystemExit(f"--run {REFERENCE}=DIR is the reference the others are compared with")
+def gather(runs: dict[str, Path], reference: str = REFERENCE) -> dict:
+    """The record: per run its row, and against the `reference` run its paired difference."""
+    if reference not in runs:
+        raise SystemExit(f"--run {reference}=DIR is the reference the others are compared with")
     rows, answers = {}, {}
     for name, folder in runs.items():
         rows[name], answers[name] = one_run(Path(folder))
-    ref = answers[REFERENCE].sort_values("id")
+    ref = answers[reference].sort_values("id")
     for name, frame in answers.items():
         frame = frame.sort_values("id")
         if list(frame["id"]) != list(ref["id"]):
-            raise SystemExit(f"{name}: scored on other problems than the {REFERENCE} run")
-        if name != REFERENCE:
-            rows[name][f"paired_diff_vs_{REFERENCE}"] = paired_difference(ref["reward"].to_numpy(),
+            raise SystemExit(f"{name}: scored on other problems than the {reference} run")
+        if name != reference:
+            rows[name][f"paired_diff_vs_{reference}"] = paired_difference(ref["reward"].to_numpy(),
                                                                           frame["reward"].to_numpy())
-    others = [name for name in rows if name != REFERENCE]
-    p_holm, established = holm([rows[name][f"paired_diff_vs_{REFERENCE}"]["p"] for name in others])
+    others = [name for name in rows if name != reference]
+    p_holm, established = holm([rows[name][f"paired_diff_vs_{reference}"]["p"] for name in others])
     for name, p, e in zip(others, p_holm, established):
-        rows[name][f"paired_diff_vs_{REFERENCE}"].update(p_holm=float(p), established=bool(e))
-    return {"reference": REFERENCE, "runs": rows,
+        rows[name][f"paired_diff_vs_{reference}"].update(p_holm=float(p), established=bool(e))
+    return {"reference": reference, "runs": rows,
             "within_noise": {name: not bool(e) for name, e in zip(others, established)}}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--run", action="append", required=True, metavar="DTYPE=DIR")
+    ap.add_argument("--run", action="append", required=True, metavar="NAME=DIR")
+    ap.add_argument("--reference", default=REFERENCE, help="the run the others are compared with")
     ap.add_argument("--out", required=True)
     ap.add_argument("--commit")
     ap.add_argument("--command")
     args = ap.parse_args()
     runs = dict(item.split("=", 1) for item in args.run)
-    record = {"commit": args.commit, "command": args.command, **gather({k: Path(v) for k, v in runs.items()})}
+    record = {"commit": args.commit, "command": args.command, **gather({k: Path(v) for k, v in runs.items()}, args.reference)}
     Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
     print(json.dumps(record, indent=1))
 

@@ -63,3 +63,19 @@ def test_runs_on_other_problems_are_refused(tmp_path):
     write_run(tmp_path / "fp16", [1, 0], [0.1, 0.2])
     with pytest.raises(SystemExit, match="other problems"):
         gather({"fp32": tmp_path / "fp32", "fp16": tmp_path / "fp16"})
+
+
+def test_any_run_can_be_the_reference(tmp_path):
+    """Another knob of the split training (extra_groups) compares the same way: against the run
+    named as the reference, with no fp32 run among them."""
+    rng = np.random.default_rng(2)
+    base = rng.random(300) < 0.3
+    fewer = base & (rng.random(300) < 0.8)  # only losses
+    write_run(tmp_path / "extra4", base, np.linspace(0.1, 0.3, 20))
+    write_run(tmp_path / "extra8", fewer, np.linspace(0.1, 0.3, 20))
+    rec = gather({"extra4": tmp_path / "extra4", "extra8": tmp_path / "extra8"}, reference="extra4")
+    d = rec["runs"]["extra8"]["paired_diff_vs_extra4"]
+    assert rec["reference"] == "extra4" and d["diff"] == pytest.approx(fewer.mean() - base.mean())
+    assert d["better"] == 0 and "paired_diff_vs_extra4" not in rec["runs"]["extra4"]
+    with pytest.raises(SystemExit, match="--run fp32=DIR"):
+        gather({"extra4": tmp_path / "extra4"})  # the default reference is fp32
