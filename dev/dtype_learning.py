@@ -36,7 +36,7 @@ def one_run(folder: Path) -> tuple[dict, pd.DataFrame]:
     trained = metrics.dropna(subset=["train/reward"])
     steps = trained[trained["step"] >= 2] if len(trained) > 2 else trained  # the first two warm up
     tenth = max(1, len(trained) // 10)
-    row = {"steps": int(len(trained)), "accuracy": summary["accuracy"], "accuracy_stderr": summary["accuracy_stderr"],
+    row = {"steps": len(trained), "accuracy": summary["accuracy"], "accuracy_stderr": summary["accuracy_stderr"],
            "n": summary["n"], "reward_first_tenth": float(trained["train/reward"].head(tenth).mean()),
            "reward_last_tenth": float(trained["train/reward"].tail(tenth).mean())}
     for key in ("time/step_s", "time/train_s", "time/generate_s", "mismatch/logprob_abs_diff_mean",
