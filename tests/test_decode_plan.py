@@ -143,3 +143,21 @@ def test_the_telemetry_kernels_chunk_walk_gives_the_checksums():
     assert [tuple(s) for s in sums.tolist()] == block_checksums(arrays, np)
     first, table = plan.chunk_table([])
     assert first == [] and table.size == 0
+
+
+def test_chunk_descriptors_are_the_sync_loops():
+    """plan.chunk_descriptors, the (source, destination, size, first chunk) rows convert.cu's and
+    telemetry.cu's chunked kernels read, as the sync's own loop made them before it shared them."""
+    import numpy as np
+
+    sizes, chunk = [5, 0, 4096, 4097, 1], 4096
+    src, dst = [1000 + 16 * i for i in range(5)], [9000 + 8 * i for i in range(5)]
+    desc, table = plan.chunk_descriptors(src, dst, sizes, chunk)
+    want, chunk0 = np.empty((5, 4), dtype=np.int64), 0
+    for i, (s, d, n) in enumerate(zip(src, dst, sizes)):
+        want[i] = (s, d, n, chunk0)
+        chunk0 += -(-n // chunk)
+    assert desc.dtype == np.int64 and np.array_equal(desc, want)
+    assert table.tolist() == [0, 2, 3, 3, 4] and len(table) == chunk0
+    desc, table = plan.chunk_descriptors([], [], [], chunk)
+    assert desc.shape == (0, 4) and table.size == 0

@@ -83,6 +83,13 @@ def chunk_table(sizes, chunk: int = TELEMETRY_CHUNK) -> tuple[list[int], np.ndar
     return first, np.repeat(np.arange(len(counts), dtype=np.int32), counts)
 
 
+def chunk_descriptors(src_ptrs, dst_ptrs, sizes, chunk: int = TELEMETRY_CHUNK) -> tuple[np.ndarray, np.ndarray]:
+    """(descriptors, table): a tensor's (source, destination, size, first chunk) as int64 [n, 4],
+    the layout convert.cu's and telemetry.cu's chunked kernels read, and chunk_table's table."""
+    first, table = chunk_table(sizes, chunk)
+    return np.array(list(zip(src_ptrs, dst_ptrs, sizes, first)), dtype=np.int64).reshape(-1, 4), table
+
+
 def split_k(rows: int, k: int) -> int:
     """K slices for a decode bucket's wo / w_down product of inner size k (0: one product)."""
     if rows <= SPLIT_K_MAX_ROWS and k % SPLIT_K == 0 and (k // SPLIT_K) % 8 == 0:

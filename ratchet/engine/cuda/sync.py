@@ -12,7 +12,7 @@ import numpy as np
 
 from ratchet.engine.cuda import loader
 from ratchet.engine.cuda.ops import STORAGE
-from ratchet.engine.cuda.plan import chunk_table
+from ratchet.engine.cuda.plan import chunk_descriptors
 from ratchet.model.layout import coalesce
 
 BUFFER_DTYPES = {np.dtype(v): k for k, v in STORAGE.items()}  # a buffer's dtype -> its engine dtype
@@ -172,8 +172,7 @@ class _Plan:
         if len(sizes) == 1 and self.kernel.one_range and mode != 2:
             self.range = (np.uint64(src_ptrs[0]), np.uint64(dst_ptrs[0]), np.int64(sizes[0]))
             return
-        first, table = chunk_table(sizes, self.kernel.chunk)
-        desc = np.array(list(zip(src_ptrs, dst_ptrs, sizes, first)), dtype=np.int64).reshape(-1, 4)
+        desc, table = chunk_descriptors(src_ptrs, dst_ptrs, sizes, self.kernel.chunk)
         self.desc, self.ndesc, self.chunks = cp.asarray(desc), len(sizes), len(table)
         if self.kernel.name == "table":
             self.table = cp.asarray(table)

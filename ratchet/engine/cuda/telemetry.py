@@ -11,7 +11,7 @@ import cupy as cp
 import numpy as np
 
 from ratchet.engine.cuda import loader
-from ratchet.engine.cuda.plan import TELEMETRY_CHUNK, chunk_table
+from ratchet.engine.cuda.plan import TELEMETRY_CHUNK, chunk_descriptors
 from ratchet.engine.cuda.sync import is_device_tensor
 
 MODES = {"fp16": 0, "bf16": 1}  # sync_telemetry<MODE>: masters rounded to this dtype
@@ -39,8 +39,7 @@ class Launch:
         """(changed, off grid, [(within, across)] a tensor): one launch, one read-back."""
         key = (tuple(src_ptrs), tuple(last_ptrs), tuple(sizes))
         if key != self.key:
-            first, table = chunk_table(sizes, TELEMETRY_CHUNK)
-            desc = np.array(list(zip(src_ptrs, last_ptrs, sizes, first)), dtype=np.int64).reshape(-1, 4)
+            desc, table = chunk_descriptors(src_ptrs, last_ptrs, sizes, TELEMETRY_CHUNK)
             self.desc, self.table, self.chunks = cp.asarray(desc), cp.asarray(table), len(table)
             self.out = cp.empty(2 * len(sizes) + 2, dtype=np.uint64)  # sums [n, 2], then the two counts
             self.key = key
