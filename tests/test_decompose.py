@@ -215,3 +215,19 @@ def test_the_ablate_decompose_vllm_stage_writes_both_engines_rows_with_vllm_eage
     assert paths.decompose_vllm_figure.read_bytes().startswith(b"\x89PNG")
     [llm] = fake_vllm.FakeLLM.instances
     assert llm.kwargs["enforce_eager"] is True  # the rule starts vLLM eager
+
+
+def test_the_runs_arithmetic_moves_only_the_masters_path(tiny, frame):
+    """ablate.updates_compute_dtype: the plain run's updates in another arithmetic. Before any
+    update every source is the same measurement bit for bit (each side states its own
+    arithmetic); after updates the masters differ, and AdamW's first step is still lr times a
+    sign, visible on the same weights."""
+    settings = ablate_settings(**{**SETTINGS, "updates_compute_dtype": "bf16"})
+    other, vis, _ = along_updates(tiny, settings)
+    assert settings.grpo("none").compute_dtype == "fp32"  # the measurements' arithmetic is not the run's
+    pd.testing.assert_frame_equal(frame[frame["updates"] == 0], other[other["updates"] == 0], check_exact=True)
+    later = other["updates"] == 3
+    assert not np.array_equal(frame[later]["abs_diff_mean"].to_numpy(), other[later]["abs_diff_mean"].to_numpy())
+    plain = visibility(tiny, ablate_settings(**SETTINGS))
+    first = lambda v: v[(v["update"] == 1) & (v["dtype"] == "fp16")]["changed_share"].iloc[0]  # noqa: E731
+    assert first(vis) == pytest.approx(first(plain), abs=0.002)

@@ -44,6 +44,7 @@ class AblateSettings:
     mis_high: float
     micro_batch_size: int
     compute_dtype: str  # the runs' trainer arithmetic (ablate.compute_dtype, not train's)
+    updates_compute_dtype: str | None  # ablate_decompose's run (None: compute_dtype)
     max_steps_per_update: int
     eval_problems: int | None
     batch_invariant: bool  # the ablations' engines (see Setup.batch_invariant)

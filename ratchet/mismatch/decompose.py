@@ -5,6 +5,8 @@ three studies of the same plain GRPO run, so one run of its fp32 updates serves 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pandas as pd
 
 from ratchet.gap import gap_metrics
@@ -93,7 +95,9 @@ def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibili
         visibility_updates = settings.visibility_updates
     measure_at = settings.updates if measure_at is None else tuple(measure_at)
     gradient_at = tuple(gradient_at)
-    traj = Trajectory(setup, settings.grpo("none"))
+    run_cfg = settings.grpo("none")  # the plain run; its arithmetic moves only the masters' path
+    traj = Trajectory(setup, dataclasses.replace(
+        run_cfg, compute_dtype=settings.updates_compute_dtype or run_cfg.compute_dtype))
     tagged = backends is not None
     engines = {(backend, dtype): setup.engine(dtype, backend=backend)
                for backend in (backends or (setup.backend,)) for dtype in settings.engine_dtypes} \
