@@ -10,6 +10,17 @@ import subprocess
 import threading
 
 TOTAL_ENV = "RATCHET_GPU_MEMORY_GIB"  # the GiB ratchet's jobs may use on each GPU (default: its total)
+ALLOC_ENV = "PYTORCH_CUDA_ALLOC_CONF"
+# torch's allocator, unless the user set one: segments that grow in place instead of a new
+# block per size, so variable-length micro-batches do not leave the reserved memory (what
+# another job on the GPU loses) far above the allocated. Numerics are untouched.
+ALLOC_DEFAULT = "expandable_segments:True"
+
+
+def allocator_defaults() -> None:
+    """Set ALLOC_ENV to ALLOC_DEFAULT where it is unset; called before the stage starts CUDA
+    (torch reads it at its first allocation). A user's own setting, even empty, is kept."""
+    os.environ.setdefault(ALLOC_ENV, ALLOC_DEFAULT)
 
 
 def smi_rows(*query: str) -> list[list[str]]:

@@ -113,6 +113,22 @@ def test_one_gpu_or_none_or_turned_off_changes_nothing(monkeypatch, tmp_path):
     assert claim_gpus("job") is None and "CUDA_VISIBLE_DEVICES" not in os.environ
 
 
+def test_a_gpu_stage_grows_torchs_segments_unless_the_user_set_the_allocator(monkeypatch, tmp_path):
+    from ratchet.gpu_memory import ALLOC_DEFAULT, ALLOC_ENV
+    from ratchet.stages import claim_gpus_for
+
+    monkeypatch.setenv("RATCHET_GPU_LOCKS", str(tmp_path))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    monkeypatch.delenv(ALLOC_ENV, raising=False)
+    claim_gpus_for("download_data", validate({}))  # no GPU stage: the environment as it was
+    assert ALLOC_ENV not in os.environ
+    claim_gpus_for("ablate_fix", validate({}))
+    assert os.environ[ALLOC_ENV] == ALLOC_DEFAULT
+    monkeypatch.setenv(ALLOC_ENV, "")  # the user's, even empty, is kept
+    claim_gpus_for("train_split", validate({}))
+    assert os.environ[ALLOC_ENV] == ""
+
+
 def test_a_training_claims_the_gpus_its_settings_ask_for():
     assert gpus_wanted("eval_baseline", validate({})) == 1
     assert gpus_wanted("train_split", validate({})) == 1  # engine_in auto: a thread on one GPU

@@ -76,7 +76,9 @@ def claim_gpus_for(stage: str, cfg: dict) -> None:
     preflight or the stage can start CUDA."""
     if stage in GPU_STAGES:
         from ratchet.gpu_claim import claim_gpus
+        from ratchet.gpu_memory import allocator_defaults
 
+        allocator_defaults()
         claim_gpus(stage, gpus_wanted(stage, cfg), gpu_memory_wanted(stage, cfg))
 
 
