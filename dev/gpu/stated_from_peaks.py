@@ -14,7 +14,7 @@ import re
 import sys
 from pathlib import Path
 
-PEAK = re.compile(r"^\[([A-Za-z_]+)[^\]]*\] peak GPU memory ([0-9.]+) GiB", re.M)
+PEAK = re.compile(r"^\[([A-Za-z_]+)[^\]]*\] peak GPU memory ([0-9.]+) GiB", re.MULTILINE)
 
 
 def peaks(logs: Path) -> dict[str, float]:
