@@ -90,3 +90,25 @@ class ProcessPeak:
             if used is not None:
                 self.peak_mib = max(self.peak_mib or 0.0, used)
         return None if self.peak_mib is None else self.peak_mib / 1024
+
+
+def allocator_split() -> dict[str, float]:
+    """Where a process's GPU memory went, by allocator, in GiB: torch's most allocated and most
+    reserved (the gap is its cache and fragmentation), and what CuPy's pool holds (it keeps
+    freed blocks, so at a stage's end about its most). Only allocators this process already
+    imported and started are asked: asking must not start CUDA. {} where none was used."""
+    import sys
+
+    split = {}
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        split["torch_allocated_gib"] = torch.cuda.max_memory_allocated() / 2 ** 30
+        split["torch_reserved_gib"] = torch.cuda.max_memory_reserved() / 2 ** 30
+    cupy = sys.modules.get("cupy")
+    try:
+        held = cupy.get_default_memory_pool().total_bytes() if cupy is not None else 0
+    except RuntimeError:  # a CuPy without a usable CUDA (CUDARuntimeError): nothing held
+        held = 0
+    if held:
+        split["cupy_pool_gib"] = held / 2 ** 30
+    return split

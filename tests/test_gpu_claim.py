@@ -235,3 +235,27 @@ def test_a_gpu_stage_says_the_peak_it_held_where_the_record_reads_it(tmp_path, m
     assert PEAK.findall(capsys.readouterr().out) == [("eval_baseline", "3.0")]
     run_stage("download_data", cfg, force=True)  # not a GPU stage: nothing sampled
     assert not PEAK.findall(capsys.readouterr().out)
+
+
+def test_a_gpu_stage_splits_its_memory_by_allocator_without_starting_cuda(monkeypatch):
+    """torch's most allocated and reserved, CuPy's pool: asked only of allocators the process
+    started, so a CPU run (torch imported, CUDA never started) reports nothing."""
+    from types import SimpleNamespace
+
+    from ratchet.gpu_memory import allocator_split
+
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_initialized():
+        assert allocator_split() == {}
+    gib = 2 ** 30
+    fake_cuda = SimpleNamespace(is_initialized=lambda: True, max_memory_allocated=lambda: 30 * gib,
+                                max_memory_reserved=lambda: 45 * gib)
+    monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(cuda=fake_cuda))
+    pool = SimpleNamespace(total_bytes=lambda: 6 * gib)
+    monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(get_default_memory_pool=lambda: pool))
+    assert allocator_split() == {"torch_allocated_gib": 30.0, "torch_reserved_gib": 45.0, "cupy_pool_gib": 6.0}
+    def no_cuda():
+        raise RuntimeError("cudaErrorNoDevice")
+
+    monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(get_default_memory_pool=no_cuda))
+    assert allocator_split() == {"torch_allocated_gib": 30.0, "torch_reserved_gib": 45.0}

@@ -225,3 +225,25 @@ def test_the_stage_writes_its_table_and_figure_and_the_report_shows_them(tmp_pat
     assert record["gradient_updates"] == 2 and record["gradient_dtype"] == "fp16"
     last = table[(table["updates"] == 2)].set_index("variant")
     assert record["gradient_rel_diff_engine_old"] == last.loc["engine_old", "rel_diff"] > 0
+
+
+def test_the_ablations_token_budget_cuts_their_passes_and_only_reorders_the_sums(tiny, settings, monkeypatch):
+    """ablate.micro_batch_tokens (null: train's) reaches every ablation run; a budget of one
+    answer's tokens gives one answer a pass, and the gradient is the same sum in another order."""
+    from ratchet.rl import update
+
+    assert settings.micro_batch_tokens is None and settings.grpo("fix").micro_batch_tokens is None
+    trained = dataclasses.replace(settings, train=dataclasses.replace(settings.train, micro_batch_tokens=4096))
+    assert trained.grpo("tis").micro_batch_tokens == 4096  # the trainings' budget by default
+    cut = dataclasses.replace(trained, micro_batch_tokens=ablate_settings(micro_batch_tokens=1).micro_batch_tokens)
+    assert all(cut.grpo(run).micro_batch_tokens == 1 for run in ("none", "fix", "exact", "tis", "mis"))
+    assert variant_config(cut, "engine_old", "bf16").micro_batch_tokens == 1
+    passes = []
+    real = update.micro_batches
+    monkeypatch.setattr(update, "micro_batches", lambda *a, **k: passes.append(real(*a, **k)) or passes[-1])
+    traj, _, groups = batch(tiny, settings)
+    whole, _ = batch_gradient(traj.policy, groups, tiny.task, variant_config(settings, "reference", "fp16"))
+    one_each, _ = batch_gradient(traj.policy, groups, tiny.task, variant_config(cut, "reference", "fp16"))
+    assert len(passes) == 2  # one cut a gradient
+    assert len(passes[0]) < len(passes[1]) == sum(map(len, passes[0])) and all(len(p) == 1 for p in passes[1])
+    assert compare_gradients(one_each, whole)["rel_diff"] < 1e-5

@@ -50,15 +50,28 @@ def run_stage(stage: str, cfg: dict, by_hand: bool = False, force: bool = False,
         with run_directory_lock(cfg, exclusive=by_hand), StageRun(label, cfg) as run:
             getattr(module, stage)(cfg, run, **(job or {}))
             held = peak.stop() if peak is not None else None
+            split = _allocator_split(stage)
             run.log_metrics({"time/stage_s": time.perf_counter() - start,
-                             **({"gpu/peak_gib": held} if held else {})})
+                             **({"gpu/peak_gib": held} if held else {}),
+                             **{f"gpu/{k}": v for k, v in split.items()}})
             write_stamp(stage, cfg, job)
     finally:
         if peak is not None:
             peak.stop()  # a failed stage's sampler too
     if held:  # what config gpu_memory_gib is set from
         print(f"[{label}] peak GPU memory {held:.1f} GiB (this process, as nvidia-smi sees it)")
+    if split:  # and what would lower it
+        print(f"[{label}] by allocator: " + ", ".join(f"{k.removesuffix('_gib').replace('_', ' ')} "
+                                                     f"{v:.1f} GiB" for k, v in split.items()))
     print(f"[{label}] done in {time.perf_counter() - start:.1f} s")
+
+
+def _allocator_split(stage: str) -> dict[str, float]:
+    if stage not in GPU_STAGES:
+        return {}
+    from ratchet.gpu_memory import allocator_split
+
+    return allocator_split()
 
 
 def _gpu_peak(stage: str):
