@@ -102,3 +102,27 @@ def test_a_poll_on_a_fresh_machine_says_the_run_is_lost_at_once(tmp_path):
                             check=False, env=env)
     assert polled.returncode == 3 and "a fresh machine, the run is lost" in polled.stdout
     assert time.monotonic() - start < 30
+
+
+def test_the_next_runs_statements_come_from_the_peaks_the_logs_end_with(tmp_path):
+    """dev/gpu/stated_from_peaks.py: each stage's largest peak over its jobs' logs, with the
+    margin, rounded up; a log without a peak line (a CPU stage) states nothing."""
+    import sys
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "ablate_fix.log").write_text("[ablate_fix] step 1\n[ablate_fix] peak GPU memory 22.7 GiB (this process)\n"
+                                         "[ablate_fix] by allocator: torch allocated 18.3 GiB\n")
+    (logs / "ablate_learning_run-fp16-none.log").write_text(
+        "[ablate_learning_run-fp16-none] peak GPU memory 30.0 GiB (this process, as nvidia-smi sees it)\n")
+    (logs / "ablate_learning_run-bf16-none.log").write_text(
+        "[ablate_learning_run-bf16-none] peak GPU memory 31.5 GiB (this process, as nvidia-smi sees it)\n")
+    (logs / "download_data.log").write_text("[download_data] done in 8.0 s\n")
+    run = lambda *a: subprocess.run([sys.executable, str(GPU / "stated_from_peaks.py"), *map(str, a)],  # noqa: E731
+                                    capture_output=True, text=True, check=False)
+    assert run(logs).stdout.split() == ["gpu_memory_gib.ablate_fix=26",  # 22.7 * 1.08 + 1 = 25.5
+                                        "gpu_memory_gib.ablate_learning_run=36"]  # the larger job's
+    assert run(logs, "--margin", "0", "--extra-gib", "0").stdout.split() == \
+        ["gpu_memory_gib.ablate_fix=23", "gpu_memory_gib.ablate_learning_run=32"]
+    missing = run(tmp_path / "nowhere")
+    assert missing.returncode == 2 and "no folder" in missing.stderr
