@@ -231,3 +231,32 @@ def test_the_runs_arithmetic_moves_only_the_masters_path(tiny, frame):
     plain = visibility(tiny, ablate_settings(**SETTINGS))
     first = lambda v: v[(v["update"] == 1) & (v["dtype"] == "fp16")]["changed_share"].iloc[0]  # noqa: E731
     assert first(vis) == pytest.approx(first(plain), abs=0.002)
+
+
+def test_a_setup_rounds_its_weights_once_a_dtype_and_its_engines_stay_apart(tiny, monkeypatch):
+    """Setup.engine: the converted weights rounded once per dtype (ablate_fix builds two engines a
+    run), each engine holding its own copy: a sync into one leaves the next one's answers alone."""
+    import dataclasses
+
+    from ratchet.mismatch.compare import sample
+    from ratchet.model import dtypes
+
+    setup = dataclasses.replace(tiny, rounded={})
+    calls = []
+    real = dtypes.round_to
+    monkeypatch.setattr(dtypes, "round_to", lambda x, d: calls.append(d) or real(x, d))
+    tensors = len(setup.model.weights)
+    first = setup.engine("bf16")
+    built = len(calls)  # the cache's rounding and the engine's own on loading
+    assert set(calls) == {"bf16"} and built >= tensors and set(setup.rounded) == {"bf16"}
+    before = sample(first, setup.measure_prompts[:4], 4, seed=3)
+    first.update_weights({k: v * 0 for k, v in setup.model.weights.items()})  # a sync of other weights
+    start = len(calls)
+    second = setup.for_run(ablate_settings(**SETTINGS).grpo("none")).engine("bf16")  # a run's setup
+    assert len(calls) - start == built - tensors  # the engine's own alone: the cache served the rest
+    start = len(calls)
+    setup.engine("fp16")
+    assert len(calls) - start == built and set(setup.rounded) == {"bf16", "fp16"}  # its own rounding
+    again = sample(second, setup.measure_prompts[:4], 4, seed=3)
+    assert [r.output for r in again] == [r.output for r in before]
+    assert [r.logprobs for r in again] == [r.logprobs for r in before]

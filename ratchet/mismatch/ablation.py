@@ -4,7 +4,7 @@ run of the colocated loop (`Trajectory`), cut to what they measure."""
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import pandas as pd
 
@@ -109,6 +109,9 @@ class Setup:
     # that teacher forcing (the exact fix) reproduces a rollout's bits in any grouping
     batch_invariant: bool = True
     vllm_options: dict | None = None  # the `engine.vllm` section (backend vllm)
+    # the converted weights rounded to each dtype, made once: ablate_fix builds two engines a run
+    # from them, and rounding 0.5B weights on the host takes seconds (engines copy what they load)
+    rounded: dict = field(default_factory=dict, repr=False, compare=False)
 
     def engine(self, dtype: str, weights=None, backend: str | None = None, batch_invariant: bool | None = None):
         """A fresh engine of `dtype` on `weights` (the converted ones by default), rounded, on
@@ -119,9 +122,14 @@ class Setup:
         from ratchet.model.io import EngineModel
 
         backend = backend or self.backend
-        weights = self.model.weights if weights is None else weights
         invariant = self.batch_invariant if batch_invariant is None else batch_invariant
-        model = EngineModel(self.model.cfg, {k: round_to(v, dtype) for k, v in weights.items()}, dtype)
+        if weights is not None:
+            values = {k: round_to(v, dtype) for k, v in weights.items()}
+        else:
+            if dtype not in self.rounded:
+                self.rounded[dtype] = {k: round_to(v, dtype) for k, v in self.model.weights.items()}
+            values = self.rounded[dtype]
+        model = EngineModel(self.model.cfg, values, dtype)
         return make_engine(model, backend=backend, max_batch_size=self.max_batch_size,
                            max_seq_len=self.max_seq_len, batch_invariant=invariant and backend != "vllm",
                            vllm_options=self.vllm_options)
