@@ -47,6 +47,8 @@ PY
   ;;
 run)
   mkdir -p "$state"
+  # whether the GPU rules shared the SMs (NVIDIA MPS, dev/gpu/mps.sh) or took turns: for the record
+  pgrep -x nvidia-cuda-mps-control > /dev/null && echo true > "$state/mps" || echo false > "$state/mps"
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 1000 > "$state/gpu_mem_mib.txt" &
   sampler=$!
   run_timed "$state" python3 -m snakemake "${args[@]}"
@@ -64,9 +66,10 @@ collect)
   # the machine's copy of .git can be stale: carry .cache/commit (git rev-parse HEAD > .cache/commit)
   [ -f .cache/commit ] && export RATCHET_COMMIT=$(cat .cache/commit)
   wall=(); [ -f "$state/wall_s" ] && wall=(--wall-s "$(cat "$state/wall_s")")
+  mps=(); [ -f "$state/mps" ] && mps=(--extra "{\"mps\": $(cat "$state/mps")}")
   overrides=(); [ -n "${PIPELINE_SET:-}" ] && read -ra overrides <<< "$PIPELINE_SET"
   python3 -m dev.record --run "results/$profile" --out "$OUT/h200-$profile" "${wall[@]}" \
-    --command "$command" --config "config/$profile.yaml" --set "${overrides[@]}" --gpu-samples "$state/gpu_mem_mib.txt"
+    --command "$command" --config "config/$profile.yaml" --set "${overrides[@]}" --gpu-samples "$state/gpu_mem_mib.txt" "${mps[@]}"
   cp "$state/snakemake.log" "$OUT/h200-$profile/"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/h200-$profile/nvidia-smi.txt"
   tar czf "$OUT/h200-$profile.tgz" -C "$OUT" "h200-$profile" && rm -rf "$OUT/h200-$profile"
