@@ -105,7 +105,7 @@ def test_a_poll_on_a_fresh_machine_says_the_run_is_lost_at_once(tmp_path):
 
 
 def test_the_next_runs_statements_come_from_the_peaks_the_logs_end_with(tmp_path):
-    """dev/gpu/stated_from_peaks.py: each stage's largest peak over its jobs' logs, with the
+    """dev/stated_from_peaks.py: each stage's largest peak over its jobs' logs, with the
     margin, rounded up; a log without a peak line (a CPU stage) states nothing."""
     import sys
 
@@ -118,8 +118,8 @@ def test_the_next_runs_statements_come_from_the_peaks_the_logs_end_with(tmp_path
     (logs / "ablate_learning_run-bf16-none.log").write_text(
         "[ablate_learning_run-bf16-none] peak GPU memory 31.5 GiB (this process, as nvidia-smi sees it)\n")
     (logs / "download_data.log").write_text("[download_data] done in 8.0 s\n")
-    run = lambda *a: subprocess.run([sys.executable, str(GPU / "stated_from_peaks.py"), *map(str, a)],  # noqa: E731
-                                    capture_output=True, text=True, check=False)
+    run = lambda *a: subprocess.run([sys.executable, "-m", "dev.stated_from_peaks", *map(str, a)],  # noqa: E731
+                                    cwd=GPU.parents[1], capture_output=True, text=True, check=False)
     assert run(logs).stdout.split() == ["gpu_memory_gib.ablate_fix=26",  # 22.7 * 1.08 + 1 = 25.5
                                         "gpu_memory_gib.ablate_learning_run=36"]  # the larger job's
     assert run(logs, "--margin", "0", "--extra-gib", "0").stdout.split() == \

@@ -1,28 +1,27 @@
-"""`gpu_memory_gib.<stage>=N` overrides from the peaks a pipeline run's logs end with, for the
-next run's `--config set=...` (dev/gpu/local-pipeline.sh: PIPELINE_SET). A peak is rounded up
-after a margin, since the same rule's peak moves with the lengths its batches happen to have;
-a stage whose log has no peak line keeps the profile's figure.
+"""`gpu_memory_gib.<stage>=N` overrides from the peaks a pipeline run's logs end with (read as
+dev.record reads them), for the next run's `--config set=...` (dev/gpu/local-pipeline.sh:
+PIPELINE_SET). A peak is rounded up after a margin, since the same rule's peak moves with the
+lengths its batches happen to have; a stage whose log has no peak line keeps the profile's figure.
 
-    python3 dev/gpu/stated_from_peaks.py results/local/logs [--margin 0.08] [--extra-gib 1]
+    python3 -m dev.stated_from_peaks results/local/logs [--margin 0.08] [--extra-gib 1]
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import re
 import sys
 from pathlib import Path
 
-PEAK = re.compile(r"^\[([A-Za-z_]+)[^\]]*\] peak GPU memory ([0-9.]+) GiB", re.MULTILINE)
+from dev.record import PEAK, logged_rules
 
 
 def peaks(logs: Path) -> dict[str, float]:
-    """stage -> the largest peak any of its jobs' logs states."""
+    """stage -> the largest peak of its jobs (a job's log is labelled stage-value-...)."""
     found: dict[str, float] = {}
-    for log in sorted(logs.glob("*.log")):
-        for stage, gib in PEAK.findall(log.read_text(errors="replace")):
-            found[stage] = max(found.get(stage, 0.0), float(gib))
+    for label, gib in logged_rules(logs, PEAK).items():
+        stage = label.split("-")[0]
+        found[stage] = max(found.get(stage, 0.0), gib)
     return found
 
 
