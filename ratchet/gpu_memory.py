@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import threading
 
 TOTAL_ENV = "RATCHET_GPU_MEMORY_GIB"  # the GiB ratchet's jobs may use on each GPU (default: its total)
@@ -97,8 +98,6 @@ def allocator_split() -> dict[str, float]:
     reserved (the gap is its cache and fragmentation), and what CuPy's pool holds (it keeps
     freed blocks, so at a stage's end about its most). Only allocators this process already
     imported and started are asked: asking must not start CUDA. {} where none was used."""
-    import sys
-
     split = {}
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():

@@ -254,6 +254,7 @@ def test_a_gpu_stage_splits_its_memory_by_allocator_without_starting_cuda(monkey
     pool = SimpleNamespace(total_bytes=lambda: 6 * gib)
     monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(get_default_memory_pool=lambda: pool))
     assert allocator_split() == {"torch_allocated_gib": 30.0, "torch_reserved_gib": 45.0, "cupy_pool_gib": 6.0}
+
     def no_cuda():
         raise RuntimeError("cudaErrorNoDevice")
 
