@@ -125,6 +125,16 @@ class RunPaths:
     def fix_figure(self) -> Path:
         return self.ablate / "fix.png"
 
+    # ablate_fix and ablate_gradient: one job per remedy and per engine dtype, then the table
+    def fix_run_steps(self, remedy: str) -> Path:
+        return self.ablate / "fix" / remedy / "steps.parquet"
+
+    def fix_run_summary(self, remedy: str) -> Path:
+        return self.ablate / "fix" / remedy / "run.parquet"
+
+    def gradient_part(self, dtype: str) -> Path:
+        return self.ablate / "gradient" / f"{dtype}.parquet"
+
     @property
     def gradient_table(self) -> Path:
         return self.ablate / "gradient.parquet"

@@ -21,7 +21,7 @@ SUBMIT = ROOT / "tests" / "cluster" / "submit.sh"
 COMPARED = ["model/manifest.json", "train/colocated/model/manifest.json", "train/split/model/manifest.json",
             "train/colocated/trace.parquet", "train/split/trace.parquet", "verify/repro.json",
             "ablate/decompose.parquet", "ablate/visibility.parquet", "ablate/fix.parquet",
-            "ablate/fix_steps.parquet", "eval/baseline_answers.parquet",
+            "ablate/fix_steps.parquet", "ablate/gradient.parquet", "eval/baseline_answers.parquet",
             "eval/after_colocated_answers.parquet", "eval/after_split_answers.parquet"]
 
 

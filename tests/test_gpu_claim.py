@@ -122,7 +122,7 @@ def test_a_gpu_stage_grows_torchs_segments_unless_the_user_set_the_allocator(mon
     monkeypatch.delenv(ALLOC_ENV, raising=False)
     claim_gpus_for("download_data", validate({}))  # no GPU stage: the environment as it was
     assert ALLOC_ENV not in os.environ
-    claim_gpus_for("ablate_fix", validate({}))
+    claim_gpus_for("ablate_fix_run", validate({}))
     assert os.environ[ALLOC_ENV] == ALLOC_DEFAULT
     monkeypatch.setenv(ALLOC_ENV, "")  # the user's, even empty, is kept
     claim_gpus_for("train_split", validate({}))
@@ -134,7 +134,7 @@ def test_a_training_claims_the_gpus_its_settings_ask_for():
     assert gpus_wanted("train_split", validate({})) == 1  # engine_in auto: a thread on one GPU
     workers = validate({"train": {"num_workers": 2, "split": {"engine_in": "process"}}})
     assert gpus_wanted("train_colocated", workers) == 2 and gpus_wanted("train_split", workers) == 2
-    assert gpus_wanted("verify", workers) == 2 and gpus_wanted("ablate_fix", workers) == 1
+    assert gpus_wanted("verify", workers) == 2 and gpus_wanted("ablate_fix_run", workers) == 1
 
 
 def test_a_job_waits_until_the_jobs_on_its_gpu_leave_it_the_memory_it_needs(one_gpu):
@@ -191,8 +191,8 @@ def test_memory_picks_the_gpu_where_a_job_fits(tmp_path):
 
 
 def test_a_stage_needs_what_its_profile_says(tmp_path):
-    cfg = validate({"gpu_memory_gib": {"default": 12, "ablate_fix": 67}})
-    assert gpu_memory_wanted("ablate_fix", cfg) == 67 and gpu_memory_wanted("verify", cfg) == 12
+    cfg = validate({"gpu_memory_gib": {"default": 12, "ablate_fix_run": 67}})
+    assert gpu_memory_wanted("ablate_fix_run", cfg) == 67 and gpu_memory_wanted("verify", cfg) == 12
     assert gpu_memory_wanted("convert_weights", cfg) == 0  # not a GPU stage: nothing to wait for
     assert gpu_memory_wanted("verify", validate({})) == 0
     with pytest.raises(ConfigError, match="ablate_fxi"):

@@ -207,17 +207,21 @@ def test_the_stage_writes_its_table_and_figure_and_the_report_shows_them(tmp_pat
     for stage in ("download_model", "download_data", "convert_weights", "build_engine"):
         run_stage(stage, cfg)
     env = {**os.environ, "RATCHET_TRACKING": "off"}
-    proc = subprocess.run([sys.executable, "-m", "ratchet", "ablate_decompose", f"results_dir={tmp_path / 'results'}",
-                           "model.tiny.init_std=0.1", "ablate.updates=[0,1]", "ablate.gradient_updates=[0,2]",
-                           "ablate.max_new_tokens=2", "ablate.num_rollouts=8", "ablate.engine_dtypes=[fp16]"],
-                          capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    args = [f"results_dir={tmp_path / 'results'}", "model.tiny.init_std=0.1", "ablate.updates=[0,1]",
+            "ablate.gradient_updates=[0,2]", "ablate.max_new_tokens=2", "ablate.num_rollouts=8",
+            "ablate.engine_dtypes=[fp16]"]
+    for stage in ("ablate_decompose", "ablate_gradient_run", "ablate_gradient"):  # every job of each
+        proc = subprocess.run([sys.executable, "-m", "ratchet", stage, *args], capture_output=True, text=True,
+                              env=env, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
     paths = RunPaths.from_config(cfg)
     table = pd.read_parquet(paths.gradient_table)
     assert set(table.columns) == COLUMNS and len(table) == 2 * len(GRADIENT_VARIANTS)
+    assert table.equals(pd.read_parquet(paths.gradient_part("fp16")))  # one dtype: its part is the table
     assert sorted(set(table["updates"])) == [0, 2] and paths.gradient_figure.stat().st_size > 0
     assert sorted(p.name for p in paths.ablate.iterdir()) == [  # no temporaries
-        "decompose.parquet", "decompose.png", "gradient.parquet", "gradient.png", "visibility.parquet", "visibility.png"]
+        "decompose.parquet", "decompose.png", "gradient", "gradient.parquet", "gradient.png", "visibility.parquet",
+        "visibility.png"]
     run_stage("report", cfg)
     text = paths.report_summary.read_text()
     assert "## What the gap does to the gradient" in text and "(../ablate/gradient.png)" in text

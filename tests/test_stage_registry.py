@@ -101,10 +101,10 @@ def test_every_gpu_rule_asks_snakemake_for_the_gpu_memory_its_profile_states(tmp
     only the GPU rules that fit beside those running."""
     none, some = (_dry_run_resource(tmp_path, "gpu_mem_gib", "--resources", "gpu_mem_gib=100", "--config",
                                     f"set={stated}")
-                  for stated in ("", "gpu_memory_gib.ablate_fix=66.2 gpu_memory_gib.default=16"))
+                  for stated in ("", "gpu_memory_gib.ablate_fix_run=66.2 gpu_memory_gib.default=16"))
     assert set(none) == set(some) and set(none) <= set(registry.GPU_STAGES) and "train_split" in none
     assert set(none.values()) == {0}
-    assert some.pop("ablate_fix") == 67 and set(some.values()) == {16}
+    assert some.pop("ablate_fix_run") == 67 and set(some.values()) == {16}
 
 
 def test_a_change_to_the_train_section_reruns_the_ablations_that_take_its_knobs():
@@ -113,7 +113,7 @@ def test_a_change_to_the_train_section_reruns_the_ablations_that_take_its_knobs(
     change their rules' params, so Snakemake reruns them."""
     base = validate({})
     cut = validate({"train": {"micro_batch_tokens": 4096}})
-    for stage in ("ablate_decompose", "ablate_fix", "ablate_learning_run"):
+    for stage in ("ablate_decompose", "ablate_gradient_run", "ablate_fix_run", "ablate_learning_run"):
         assert registry.settings(stage, base) != registry.settings(stage, cut), stage
     assert registry.settings("report", base) == registry.settings("report", cut)
 

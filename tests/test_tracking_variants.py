@@ -23,13 +23,15 @@ def test_variants_are_nested_runs_with_shared_metric_names(tmp_path, monkeypatch
                     "ablate": {"updates": [0, 1], "visibility_updates": 1, "fix_steps": 2, "num_rollouts": 8,
                                "max_new_tokens": 2, "fix_runs": FIX_RUNS},
                     "train": {"steps": 2, "checkpoint_every": 2, "eval_every": 0, "problems_per_step": 8}})
-    for stage in ("download_model", "download_data", "convert_weights", "build_engine", "ablate_fix",
-                  "ablate_decompose", "train_colocated", "train_split"):
+    for stage in ("download_model", "download_data", "convert_weights", "build_engine"):
         run_stage(stage, cfg)
-        if stage == "ablate_fix":  # its log (stdout in the pipeline) gets a line a step, as a training's
-            lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("[ablate_fix] ")]
-            assert [ln.split()[1:4] for ln in lines if " step " in ln] == [
-                [run, "step", str(step)] for run in FIX_RUNS for step in range(2)]
+    for remedy in FIX_RUNS:  # the pipeline's jobs of ablate_fix_run, one a remedy
+        run_stage("ablate_fix_run", cfg, job={"remedy": remedy})
+        # its log (stdout in the pipeline) gets a line a step, as a training's
+        lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("[ablate_fix_run] ")]
+        assert [ln.split()[1:4] for ln in lines if " step " in ln] == [[remedy, "step", str(s)] for s in range(2)]
+    for stage in ("ablate_fix", "ablate_decompose", "train_colocated", "train_split"):
+        run_stage(stage, cfg)
 
     client = MlflowClient(f"sqlite:///{tmp_path / 'results' / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("ratchet").experiment_id])
@@ -38,9 +40,12 @@ def test_variants_are_nested_runs_with_shared_metric_names(tmp_path, monkeypatch
             if "ratchet.stage" in r.data.tags and "ratchet.variant" not in r.data.tags}
     variants = [r for r in runs if "ratchet.variant" in r.data.tags]
 
-    fix = {r.data.tags["ratchet.variant"]: r for r in variants if r.data.tags["ratchet.stage"] == "ablate_fix"}
-    assert sorted(fix) == sorted(FIX_RUNS)
-    assert all(r.data.tags["mlflow.parentRunId"] == rule["ablate_fix"].info.run_id for r in fix.values())
+    fix = {r.data.tags["ratchet.variant"]: r for r in variants
+           if r.data.tags["ratchet.stage"].startswith("ablate_fix_run-")}
+    assert sorted(fix) == sorted(FIX_RUNS)  # each under its job's run
+    assert all(r.data.tags["mlflow.parentRunId"] == rule[f"ablate_fix_run-{name}"].info.run_id
+               for name, r in fix.items())
+    assert "ablate_fix" in rule  # the gather: a rule of the pipeline too
     assert all(by_id[r.data.tags["mlflow.parentRunId"]].data.tags["mlflow.parentRunId"]
                == rule["download_model"].data.tags["mlflow.parentRunId"] for r in fix.values())  # one pipeline
     names = {name: set(r.data.metrics) for name, r in fix.items()}

@@ -19,6 +19,8 @@ FIX_RUNS: dict[str, dict] = {
     "mis": {"is_correction": "mis"},  # masked importance sampling
 }
 
+ENGINE_DTYPES = ("fp16", "bf16", "fp32")  # an ablation engine's dtypes (the schema's enum)
+
 _OUTSIDE_ABLATE = {"seed": ("seed",), "engine_dtype": ("engine", "dtype"), "train": ("train",)}
 
 

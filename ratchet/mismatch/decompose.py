@@ -76,12 +76,13 @@ def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibili
                   measure_at: tuple[int, ...] | None = None,
                   backends: tuple[str, ...] | None = None,
                   gradient_at: tuple[int, ...] = (), log_gradient=None, laps=None,
+                  gradient_dtypes: tuple[str, ...] | None = None,
                   ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(decomposition, visibility, gradient) along one plain GRPO run: every update up to
     `visibility_updates` is counted as it happens, the sources measured after each count in
     `measure_at` (defaults from `settings`; 0 and () for none) and the remedies' gradients
-    after each count in `gradient_at` (gradient.py's rows; () for none), each reported to its
-    `log`. `backends`: measure the same masters on each of these engines (e.g. the setup's and
+    after each count in `gradient_at` (gradient.py's rows; () for none) on the engine dtypes
+    `gradient_dtypes` (None: the settings'), each reported to its `log`. `backends`: measure the same masters on each of these engines (e.g. the setup's and
     vLLM), rows tagged with a `backend` column; None: the setup's engine alone, untagged.
     The gradient's fresh batches come from each dtype's own engine (a Rollouts of its own
     seed, after a sync from the same masters), never the trajectory's. `laps` (runtime.Laps):
@@ -95,6 +96,7 @@ def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibili
         visibility_updates = settings.visibility_updates
     measure_at = settings.updates if measure_at is None else tuple(measure_at)
     gradient_at = tuple(gradient_at)
+    gradient_dtypes = settings.engine_dtypes if gradient_dtypes is None else tuple(gradient_dtypes)
     run_cfg = settings.grpo("none")  # the plain run; its arithmetic moves only the masters' path
     traj = Trajectory(setup, dataclasses.replace(
         run_cfg, compute_dtype=settings.updates_compute_dtype or run_cfg.compute_dtype))
@@ -103,7 +105,7 @@ def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibili
                for backend in (backends or (setup.backend,)) for dtype in settings.engine_dtypes} \
         if measure_at else {}
     if gradient_at:  # the setup's engine of each dtype: the decomposition's where it has one
-        for dtype in settings.engine_dtypes:
+        for dtype in gradient_dtypes:
             if (setup.backend, dtype) not in engines:
                 engines[(setup.backend, dtype)] = setup.engine(dtype)
     decompose_rows, visibility_rows, gradient_rows_ = [], [], []
@@ -134,7 +136,7 @@ def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibili
                 log(update, found)
             laps("sources")
         if update in gradient_at:
-            for dtype in settings.engine_dtypes:
+            for dtype in gradient_dtypes:
                 found = gradient_rows(traj, engines[(setup.backend, dtype)], setup.task, settings, update)
                 gradient_rows_ += found
                 if log_gradient is not None:

@@ -48,47 +48,59 @@ def short_gap(metrics: dict[str, float]) -> dict[str, float]:
 
 
 def fix_runs(setup: Setup, settings: AblateSettings, log=None, laps=None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Each of `settings.fix_runs` for `fix_steps` steps from the same seeds: (steps, runs), per
-    step the reward and the loss's gap on that step's rollouts, per run the after-training
-    accuracy and the gap on fresh rollouts; `log(run, step, row)` after every step. `laps`
-    (runtime.Laps): where the time goes, by phase."""
+    """Each of `settings.fix_runs` (fix_run), one after another: (steps, runs) concatenated in
+    that order."""
+    parts = [fix_run(setup, settings, name, log=log, laps=laps) for name in settings.fix_runs]
+    return gather([p[0] for p in parts]), gather([p[1] for p in parts])
+
+
+def gather(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """The runs' rows in the order given, as fix_runs makes them (the pipeline runs each run as a
+    job of its own and gathers them with this)."""
+    return pd.concat(frames, ignore_index=True)
+
+
+def fix_run(setup: Setup, settings: AblateSettings, name: str, log=None, laps=None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """One run of FIX_RUNS for `fix_steps` steps from the ablations' seeds: (steps, run), per
+    step the reward and the loss's gap on that step's rollouts, and one row of the after-training
+    accuracy and the gap on fresh rollouts; `log(run, step, row)` after every step. Runs share
+    no state but `setup`'s read-only weights, so each is the same alone as in a sequence.
+    `laps` (runtime.Laps): where the time goes, by phase."""
     from ratchet.rl.runtime import Laps
 
     laps = Laps() if laps is None else laps
-    step_rows, run_rows = [], []
-    for name in settings.fix_runs:
-        cfg = settings.grpo(name, settings.fix_steps)
-        run_setup = setup.for_run(cfg)
-        traj = Trajectory(run_setup, cfg)
-        laps("trainer and engines")
-        for step in range(settings.fix_steps):
-            m = traj.train_step()
-            row = {"run": name, "step": step, "updates": traj.updates,
-                   "reward": m["train/reward"], "num_tokens": m["train/num_tokens"],
-                   "is_weight_mean": m["train/is_weight_mean"],
-                   "is_masked_share": m["train/is_masked_share"],
-                   "clip_fraction": m["train/clip_fraction"], **short_gap(m),
-                   **{k.split("/")[1]: m[k] for k in SYNC_COLUMNS}}
-            step_rows.append(row)
-            if log is not None:
-                log(name, step, row)
-        laps("GRPO steps")
-        final = fresh_gap(traj.policy, traj.engine, setup.measure_prompts, settings.max_new_tokens,
-                          settings.seed + 1, settings.temperature, settings.eps,
-                          weight_dtype=cfg.weight_dtype, compute_dtype=cfg.compute_dtype,
-                          exact_batch_size=cfg.micro_batch_size if cfg.exact_forward else None)
-        laps("final gap")
-        summary = {"run": name, "steps": settings.fix_steps, "updates": traj.updates,
-                   "weight_dtype": cfg.weight_dtype, "is_correction": cfg.is_correction,
-                   "exact_forward": cfg.exact_forward}
-        if setup.eval_problems is not None:
-            ev, _ = greedy_eval(run_setup, traj, run_setup.eval_engine(cfg.engine_dtype))
-            summary.update({"accuracy": ev["accuracy"], "accuracy_stderr": ev["accuracy_stderr"],
-                            "eval_n": ev["n"]})
-            laps("evals")
-        rewards = [r["reward"] for r in step_rows if r["run"] == name]
-        last = rewards[-max(1, len(rewards) // 5):]
-        summary["reward_last_fifth"] = float(np.mean(last))
-        summary.update({f"final_{k}": v for k, v in final.items()})
-        run_rows.append(summary)
-    return pd.DataFrame(step_rows), pd.DataFrame(run_rows)
+    step_rows = []
+    cfg = settings.grpo(name, settings.fix_steps)
+    run_setup = setup.for_run(cfg)
+    traj = Trajectory(run_setup, cfg)
+    laps("trainer and engines")
+    for step in range(settings.fix_steps):
+        m = traj.train_step()
+        row = {"run": name, "step": step, "updates": traj.updates,
+               "reward": m["train/reward"], "num_tokens": m["train/num_tokens"],
+               "is_weight_mean": m["train/is_weight_mean"],
+               "is_masked_share": m["train/is_masked_share"],
+               "clip_fraction": m["train/clip_fraction"], **short_gap(m),
+               **{k.split("/")[1]: m[k] for k in SYNC_COLUMNS}}
+        step_rows.append(row)
+        if log is not None:
+            log(name, step, row)
+    laps("GRPO steps")
+    final = fresh_gap(traj.policy, traj.engine, setup.measure_prompts, settings.max_new_tokens,
+                      settings.seed + 1, settings.temperature, settings.eps,
+                      weight_dtype=cfg.weight_dtype, compute_dtype=cfg.compute_dtype,
+                      exact_batch_size=cfg.micro_batch_size if cfg.exact_forward else None)
+    laps("final gap")
+    summary = {"run": name, "steps": settings.fix_steps, "updates": traj.updates,
+               "weight_dtype": cfg.weight_dtype, "is_correction": cfg.is_correction,
+               "exact_forward": cfg.exact_forward}
+    if setup.eval_problems is not None:
+        ev, _ = greedy_eval(run_setup, traj, run_setup.eval_engine(cfg.engine_dtype))
+        summary.update({"accuracy": ev["accuracy"], "accuracy_stderr": ev["accuracy_stderr"],
+                        "eval_n": ev["n"]})
+        laps("evals")
+    rewards = [r["reward"] for r in step_rows]
+    last = rewards[-max(1, len(rewards) // 5):]
+    summary["reward_last_fifth"] = float(np.mean(last))
+    summary.update({f"final_{k}": v for k, v in final.items()})
+    return pd.DataFrame(step_rows), pd.DataFrame([summary])

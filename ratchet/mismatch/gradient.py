@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import pandas as pd
 import torch
 
 from ratchet.mismatch.ablation import AblateSettings, Trajectory
@@ -135,3 +136,10 @@ def gradient_rows(traj: Trajectory, engine, task, settings: AblateSettings, upda
                           settings.max_steps_per_update)
     return [{"updates": updates, "steps": traj.step, **r}
             for r in batch_rows(traj.policy, engine, groups, task, settings)]
+
+
+def gather_dtypes(parts: list[pd.DataFrame]) -> pd.DataFrame:
+    """The parts of one engine dtype each (gradient_rows along the run), in the rows' order of
+    one run measuring every dtype in turn: by update count, then the parts' order."""
+    frame = pd.concat(parts, ignore_index=True)
+    return frame.sort_values("updates", kind="stable", ignore_index=True)

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from ratchet.mismatch.ablation import (
+    ENGINE_DTYPES,
     FIX_RUNS,
     AblateSettings,
     Setup,
@@ -25,9 +26,6 @@ from ratchet.mismatch.ablation import (
 )
 from ratchet.mismatch.fix import SYNC_COLUMNS, short_gap
 from ratchet.mismatch.paired import holm, paired_difference
-
-ENGINE_DTYPES = ("fp16", "bf16", "fp32")
-
 
 @dataclass(frozen=True)
 class LearningSettings:

@@ -88,20 +88,16 @@ GRADIENT_METRICS = {"cosine": "gradient/cosine", "rel_diff": "gradient/rel_diff"
 
 
 def ablate_decompose(cfg: dict, run) -> None:
-    """The decomposition, the visibility of updates and the remedies' gradients, along one GRPO
-    run (the three study the same updates: one run of them instead of three identical ones)."""
+    """The decomposition and the visibility of updates along one GRPO run (the two study the same
+    updates: one run of them instead of two identical ones; the gradients replay it in jobs of
+    their own, ablate_gradient_run, which run beside it)."""
     from ratchet.mismatch.decompose import along_updates
-    from ratchet.report.figures import (
-        decomposition_figure,
-        gradient_figure,
-        visibility_figure,
-    )
+    from ratchet.report.figures import decomposition_figure, visibility_figure
 
     paths = RunPaths.from_config(cfg)
     setup, settings = make_setup(cfg)
     start = time.perf_counter()
-    progress = Progress("ablate_decompose", max(*settings.updates, *settings.gradient_updates,
-                                                settings.visibility_updates), unit="update")
+    progress = Progress("ablate_decompose", max(*settings.updates, settings.visibility_updates), unit="update")
 
     def log(updates, rows):
         progress.update(updates)
@@ -129,6 +125,28 @@ def ablate_decompose(cfg: dict, run) -> None:
             f"{r['dtype']} changed {r['changed_share']:.4f} off-grid {r['off_grid_share']:.4f}"
             for r in rows), flush=True)
 
+    laps = Laps()
+    frame, vis, _ = along_updates(setup, settings, log=log, log_visibility=log_visibility, laps=laps)
+    run.log_metrics({"time/decompose_s": time.perf_counter() - start})  # both: one GRPO run
+    print(f"[ablate_decompose] its run in {laps.line()}", flush=True)
+    write_ablation(run, frame, paths.decompose_table, paths.decompose_figure, decomposition_figure)
+    write_ablation(run, vis, paths.visibility_table, paths.visibility_figure, visibility_figure)
+
+
+def ablate_gradient_run(cfg: dict, run, dtype: str) -> None:
+    """Every remedy's policy gradient against the on-policy one, on fresh batches of one engine
+    dtype after each of ablate.gradient_updates updates of ablate_decompose's GRPO run, replayed
+    here to the same bits (a job a dtype, so that they run beside the decomposition)."""
+    from ratchet.mismatch.ablation import ENGINE_DTYPES
+    from ratchet.mismatch.decompose import along_updates
+
+    if dtype not in ENGINE_DTYPES:
+        raise ValueError(f"ablate_gradient_run: dtype={dtype!r} is not one of {ENGINE_DTYPES}")
+    paths = RunPaths.from_config(cfg)
+    setup, settings = make_setup(cfg)
+    start = time.perf_counter()
+    progress = Progress(f"ablate_gradient_run {dtype}", max(settings.gradient_updates), unit="update")
+
     def log_gradient(dtype, updates, rows):
         progress.update(updates)
         for r in rows:  # one nested run per (engine dtype, remedy)
@@ -138,17 +156,42 @@ def ablate_decompose(cfg: dict, run) -> None:
                 {name: r[k] for k, name in GRADIENT_METRICS.items() if math.isfinite(r[k])}, step=updates)
         others = "  ".join(f"{r['variant']} 1-cos {1 - r['cosine']:.2e} rel {r['rel_diff']:.2e}"
                            for r in rows if r["variant"] != "reference")
-        print(f"[ablate_decompose] gradient, {dtype} after {updates:3d} updates, {rows[0]['num_tokens']} "
+        print(f"[ablate_gradient_run] {dtype} after {updates:3d} updates, {rows[0]['num_tokens']} "
               f"tokens, gap mean {rows[0]['gap_mean']:.2e}: {others}", flush=True)
 
     laps = Laps()
-    frame, vis, grad = along_updates(setup, settings, log=log, log_visibility=log_visibility,
-                                     gradient_at=settings.gradient_updates, log_gradient=log_gradient, laps=laps)
-    run.log_metrics({"time/decompose_s": time.perf_counter() - start})  # all three: one GRPO run
-    print(f"[ablate_decompose] its run in {laps.line()}", flush=True)
-    write_ablation(run, frame, paths.decompose_table, paths.decompose_figure, decomposition_figure)
-    write_ablation(run, vis, paths.visibility_table, paths.visibility_figure, visibility_figure)
-    write_ablation(run, grad, paths.gradient_table, paths.gradient_figure, gradient_figure)
+    _, _, grad = along_updates(setup, settings, visibility_updates=0, measure_at=(),
+                               gradient_at=settings.gradient_updates, gradient_dtypes=(dtype,),
+                               log_gradient=log_gradient, laps=laps)
+    run.log_metrics({"time/gradient_s": time.perf_counter() - start})
+    print(f"[ablate_gradient_run] its run in {laps.line()}", flush=True)
+    write_parquet(paths.gradient_part(dtype), grad)
+    run.log_output(paths.gradient_part(dtype))
+
+
+def ablate_gradient(cfg: dict, run) -> None:
+    """ablate_gradient_run's parts as one table (the rows of one run measuring every dtype in
+    turn) and its figure."""
+    from ratchet.mismatch.gradient import gather_dtypes
+    from ratchet.report.figures import gradient_figure
+
+    paths = RunPaths.from_config(cfg)
+    dtypes = cfg["ablate"]["engine_dtypes"]
+    parts = [read_part(paths.gradient_part(d), "ablate_gradient", f"ablate_gradient_run --job dtype={d}")
+             for d in dtypes]
+    write_ablation(run, gather_dtypes(parts), paths.gradient_table, paths.gradient_figure, gradient_figure)
+
+
+def read_part(path, stage: str, makes: str):
+    """One job's table, or one error naming the command that makes it."""
+    import pandas as pd
+
+    from ratchet.errors import MissingInputError
+
+    if not path.is_file():
+        raise MissingInputError(f"{stage}: input {path} does not exist; run `snakemake {stage}` "
+                                f"(or `ratchet {makes}`)")
+    return pd.read_parquet(path)
 
 
 def ablate_decompose_vllm(cfg: dict, run) -> None:
@@ -206,37 +249,55 @@ FIX_METRICS = {"reward": "train/reward", "num_tokens": "train/num_tokens", "upda
                "weights_parity": "sync/weights_parity"}
 
 
-def ablate_fix(cfg: dict, run) -> None:
+def ablate_fix_run(cfg: dict, run, remedy: str) -> None:
+    """One run of ablate_fix (a remedy of FIX_RUNS; a job each, so that they run side by side)."""
     from ratchet.mismatch.ablation import FIX_RUNS
-    from ratchet.mismatch.fix import fix_runs
-    from ratchet.report.figures import fix_figure
+    from ratchet.mismatch.fix import fix_run
 
+    if remedy not in FIX_RUNS:
+        raise ValueError(f"ablate_fix_run: remedy={remedy!r} is not one of {tuple(FIX_RUNS)}")
     paths = RunPaths.from_config(cfg)
     setup, settings = make_setup(cfg, with_eval=True)
     start = time.perf_counter()
-
-    progress = Progress("ablate_fix", len(settings.fix_runs) * settings.fix_steps)
+    progress = Progress(f"ablate_fix_run {remedy}", settings.fix_steps)
+    variant = run.variant(remedy, {"fix_run": remedy, **FIX_RUNS[remedy]})
 
     def log(name, step, row):
-        # the rule's log gets a line a step, as a training's does (the console gets the progress)
-        print(f"[ablate_fix] {name:5s} step {step:3d}  reward {row['reward']:.3f}  "
+        # the job's log gets a line a step, as a training's does (the console gets the progress)
+        print(f"[ablate_fix_run] {name:5s} step {step:3d}  reward {row['reward']:.3f}  "
               f"|dlogp| mean {row.get('gap_mean', np.nan):.1e} max {row.get('gap_max', np.nan):.3g}  "
               f"visible {row.get('visible_share', np.nan):.4f}", flush=True)
-        # one nested run per fix run, under the names the trainings log (train/..., mismatch/...)
-        variant = run.variant(name, {"fix_run": name, **FIX_RUNS[name]})
+        # the names the trainings log (train/..., mismatch/...)
         variant.log_metrics({FIX_METRICS[k]: v for k, v in row.items()
                              if k in FIX_METRICS and np.isfinite(v)}, step=step)
-        progress.update(settings.fix_runs.index(name) * settings.fix_steps + step + 1,
-                        f"{name} reward {row['reward']:.3f}")
+        progress.update(step + 1, f"reward {row['reward']:.3f}")
 
     laps = Laps()
-    steps, runs = fix_runs(setup, settings, log=log, laps=laps)
-    print(f"[ablate_fix] its runs in {laps.line()}", flush=True)
+    steps, summary = fix_run(setup, settings, remedy, log=log, laps=laps)
+    print(f"[ablate_fix_run] its run in {laps.line()}", flush=True)
+    print("[ablate_fix_run] after training:\n" + summary.to_string(index=False), flush=True)
+    write_parquet(paths.fix_run_steps(remedy), steps)
+    write_parquet(paths.fix_run_summary(remedy), summary)
+    run.log_metrics({"time/fix_s": time.perf_counter() - start})
+    for path in (paths.fix_run_steps(remedy), paths.fix_run_summary(remedy)):
+        run.log_output(path)
+
+
+def ablate_fix(cfg: dict, run) -> None:
+    """ablate_fix_run's runs as one table of steps and one of runs (in ablate.fix_runs' order),
+    and the figure of the fix against TIS and MIS."""
+    from ratchet.mismatch.fix import gather
+    from ratchet.report.figures import fix_figure
+
+    paths = RunPaths.from_config(cfg)
+    names = cfg["ablate"]["fix_runs"]
+    made = lambda r: f"ablate_fix_run --job remedy={r}"  # noqa: E731
+    steps = gather([read_part(paths.fix_run_steps(r), "ablate_fix", made(r)) for r in names])
+    runs = gather([read_part(paths.fix_run_summary(r), "ablate_fix", made(r)) for r in names])
     print("[ablate_fix] after training:\n" + runs.to_string(index=False), flush=True)
     write_parquet(paths.fix_steps, steps)
     write_parquet(paths.fix_table, runs)
     fix_figure(steps, paths.fix_figure)
-    run.log_metrics({"time/fix_s": time.perf_counter() - start})
     for path in (paths.fix_steps, paths.fix_table, paths.fix_figure):
         run.log_output(path)
 

@@ -31,7 +31,7 @@ class Stage:
 # two together): on a machine of several GPUs each claims one (ratchet/gpu_claim.py)
 GPU_STAGES = ("build_engine", "eval_baseline", "bench", "train_colocated", "train_split",
               "eval_after_colocated", "eval_after_split", "verify", "ablate_decompose",
-              "ablate_decompose_vllm", "ablate_fix", "ablate_learning_run")
+              "ablate_gradient_run", "ablate_decompose_vllm", "ablate_fix_run", "ablate_learning_run")
 
 
 def gpus_wanted(stage: str, cfg: dict) -> int:
@@ -58,6 +58,18 @@ def _trained(mode: str) -> Callable[[RunPaths], list[Path]]:
 
 def _prepared(p: RunPaths) -> list[Path]:
     return [p.build, p.train_data, p.test_data]
+
+
+def _gradient_jobs(cfg: dict) -> list[dict[str, str]]:
+    from ratchet.mismatch.ablation import AblateSettings
+
+    return [{"dtype": d} for d in AblateSettings.from_config(cfg).engine_dtypes]
+
+
+def _fix_jobs(cfg: dict) -> list[dict[str, str]]:
+    from ratchet.mismatch.ablation import AblateSettings
+
+    return [{"remedy": r} for r in AblateSettings.from_config(cfg).fix_runs]
 
 
 def _learning_jobs(cfg: dict) -> list[dict[str, str]]:
@@ -87,20 +99,32 @@ STAGES: dict[str, Stage] = {
                    "the CUDA engine's speed beside its references (not part of `all`)",
                    reads=lambda p: [p.build], writes=lambda p: [p.bench]),
     "ablate_decompose": Stage("ratchet.stages.ablate", ("data", "engine", "ablate", "train"),
-                              "the gap by source along one GRPO run, the visibility of its updates, "
-                              "and each remedy's policy gradient against the on-policy one",
+                              "the gap by source along one GRPO run and the visibility of its updates",
                               reads=_prepared,
                               writes=lambda p: [p.decompose_table, p.decompose_figure,
-                                                p.visibility_table, p.visibility_figure,
-                                                p.gradient_table, p.gradient_figure]),
+                                                p.visibility_table, p.visibility_figure]),
+    "ablate_gradient_run": Stage("ratchet.stages.ablate", ("data", "engine", "ablate", "train"),
+                                 "each remedy's policy gradient against the on-policy one along "
+                                 "ablate_decompose's GRPO run, on one engine dtype's fresh batches",
+                                 reads=lambda p, dtype: _prepared(p),
+                                 writes=lambda p, dtype: [p.gradient_part(dtype)], jobs=_gradient_jobs),
+    "ablate_gradient": Stage("ratchet.stages.ablate", ("ablate",),
+                             "ablate_gradient_run's engine dtypes as one table, and its figure",
+                             writes=lambda p: [p.gradient_table, p.gradient_figure]),
     "ablate_decompose_vllm": Stage("ratchet.stages.ablate", ("data", "engine", "ablate", "train"),
                                    "the gap by source on ratchet's engine and on vLLM, the same masters "
                                    "along one GRPO run (needs vLLM and a GPU; not part of `all`)",
                                    reads=_prepared,
                                    writes=lambda p: [p.decompose_vllm_table, p.decompose_vllm_figure]),
-    "ablate_fix": Stage("ratchet.stages.ablate", ("data", "engine", "eval", "ablate", "train"),
-                        "GRPO with no correction, the fix, the exact fix, TIS and MIS from the same seeds",
-                        reads=_prepared, writes=lambda p: [p.fix_table, p.fix_steps, p.fix_figure]),
+    "ablate_fix_run": Stage("ratchet.stages.ablate", ("data", "engine", "eval", "ablate", "train"),
+                            "one GRPO run of ablate_fix (no correction, the fix, the exact fix, TIS "
+                            "or MIS) from the ablations' seeds, scored after training",
+                            reads=lambda p, remedy: _prepared(p),
+                            writes=lambda p, remedy: [p.fix_run_steps(remedy), p.fix_run_summary(remedy)],
+                            jobs=_fix_jobs),
+    "ablate_fix": Stage("ratchet.stages.ablate", ("ablate",),
+                        "ablate_fix_run's runs side by side: the fix and the exact fix against TIS and MIS",
+                        writes=lambda p: [p.fix_table, p.fix_steps, p.fix_figure]),
     "ablate_learning_run": Stage("ratchet.stages.learning", ("data", "engine", "eval", "ablate", "train"),
                                  "one GRPO run of ablate_learning (an engine dtype and a remedy), "
                                  "scored on the test problems as it learns",

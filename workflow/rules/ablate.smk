@@ -1,5 +1,10 @@
-# The decomposition, the visibility of updates and the remedies' gradients study the same
-# GRPO run: one rule measures all three along it.
+# The decomposition and the visibility of updates study the same GRPO run: one rule measures
+# both along it. The remedies' gradients replay that run to the same bits in one job per engine
+# dtype, and ablate_fix's runs are one job each: on a GPU they run side by side (as many as
+# --resources gpu_jobs and gpu_mem_gib allow), and one job without a GPU gathers each table.
+from ratchet.mismatch.ablation import ENGINE_DTYPES, FIX_RUNS
+
+
 rule ablate_decompose:
     input:
         build=rules.build_engine.output.build,
@@ -20,13 +25,6 @@ rule ablate_decompose:
             category="Mismatch ablations",
             labels={"figure": "visibility of updates"},
         ),
-        gradient=P.gradient_table,
-        gradient_figure=report(
-            P.gradient_figure,
-            caption="../report/gradient.rst",
-            category="Mismatch ablations",
-            labels={"figure": "the gradient's error"},
-        ),
     params:
         settings=stage_settings("ablate_decompose"),
     priority: 8
@@ -43,11 +41,82 @@ rule ablate_decompose:
         ratchet_cmd("ablate_decompose")
 
 
-rule ablate_fix:
+rule ablate_gradient_run:
     input:
         build=rules.build_engine.output.build,
         train=rules.download_data.output.train,
         test=rules.download_data.output.test,
+    output:
+        part=P.gradient_part("{dtype}"),
+    wildcard_constraints:
+        dtype="|".join(ENGINE_DTYPES),
+    params:
+        settings=job_settings("ablate_gradient_run", "engine_dtypes"),
+    priority: 8
+    resources:
+        gpu_jobs=GPU_JOB_SLOTS,
+        gpu_mem_gib=gpu_mem_gib("ablate_gradient_run"),
+    conda:
+        "../envs/ratchet.yaml"
+    log:
+        P.log("ablate_gradient_run-{dtype}"),
+    benchmark:
+        P.benchmark("ablate_gradient_run-{dtype}")
+    shell:
+        ratchet_cmd("ablate_gradient_run", " --job dtype={wildcards.dtype:q}")
+
+
+rule ablate_gradient:
+    input:
+        parts=[P.gradient_part(d) for d in config["ablate"]["engine_dtypes"]],
+    output:
+        table=P.gradient_table,
+        figure=report(
+            P.gradient_figure,
+            caption="../report/gradient.rst",
+            category="Mismatch ablations",
+            labels={"figure": "the gradient's error"},
+        ),
+    params:
+        settings=stage_settings("ablate_gradient"),
+    conda:
+        "../envs/ratchet.yaml"
+    log:
+        P.log("ablate_gradient"),
+    shell:
+        ratchet_cmd("ablate_gradient")
+
+
+rule ablate_fix_run:
+    input:
+        build=rules.build_engine.output.build,
+        train=rules.download_data.output.train,
+        test=rules.download_data.output.test,
+    output:
+        steps=P.fix_run_steps("{remedy}"),
+        run=P.fix_run_summary("{remedy}"),
+    wildcard_constraints:
+        remedy="|".join(FIX_RUNS),
+    params:
+        settings=job_settings("ablate_fix_run", "fix_runs"),
+    priority: 7
+    resources:
+        gpu_jobs=GPU_JOB_SLOTS,
+        gpu_mem_gib=gpu_mem_gib("ablate_fix_run"),
+    conda:
+        "../envs/ratchet.yaml"
+    log:
+        P.log("ablate_fix_run-{remedy}"),
+    benchmark:
+        P.benchmark("ablate_fix_run-{remedy}")
+    shell:
+        ratchet_cmd("ablate_fix_run", " --job remedy={wildcards.remedy:q}")
+
+
+rule ablate_fix:
+    input:
+        steps=[P.fix_run_steps(r) for r in config["ablate"]["fix_runs"]],
+        runs=[P.fix_run_summary(r) for r in config["ablate"]["fix_runs"]],
     output:
         table=P.fix_table,
         steps=P.fix_steps,
@@ -59,16 +128,10 @@ rule ablate_fix:
         ),
     params:
         settings=stage_settings("ablate_fix"),
-    priority: 7
-    resources:
-        gpu_jobs=GPU_JOB_SLOTS,
-        gpu_mem_gib=gpu_mem_gib("ablate_fix"),
     conda:
         "../envs/ratchet.yaml"
     log:
         P.log("ablate_fix"),
-    benchmark:
-        P.benchmark("ablate_fix")
     shell:
         ratchet_cmd("ablate_fix")
 

@@ -70,6 +70,14 @@ else:
     PYTHON = shlex_quote(sys.executable)
 
 
+def job_settings(stage, *jobs):
+    """A job's settings less the ablate lists that only enumerate the jobs (ablate.fix_runs, ...):
+    adding a remedy or an engine dtype reruns none of the others."""
+    s = settings(stage, config)
+    s["ablate"] = {k: v for k, v in s["ablate"].items() if k not in jobs}
+    return json.dumps(s, sort_keys=True)
+
+
 def learning_run_settings():
     """The run's settings, less the lists of runs: adding a remedy reruns none of the others."""
     s = settings("ablate_learning_run", config)

@@ -1,8 +1,8 @@
 # ablate_learning: one GRPO run per (engine dtype, remedy), each its own job, so that a GPU
 # runs as many side by side as --resources gpu_jobs=N allows; then one job compares them.
 # Not part of `all`: `snakemake ablate_learning`.
-from ratchet.mismatch.ablation import FIX_RUNS
-from ratchet.mismatch.learning import ENGINE_DTYPES, LearningSettings
+from ratchet.mismatch.ablation import ENGINE_DTYPES, FIX_RUNS
+from ratchet.mismatch.learning import LearningSettings
 
 LEARNING_JOBS = LearningSettings.from_config(config).jobs()
 

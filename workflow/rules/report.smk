@@ -7,7 +7,7 @@ rule report:
         decompose=rules.ablate_decompose.output.table,
         visibility=rules.ablate_decompose.output.visibility,
         fix=rules.ablate_fix.output.table,
-        gradient=rules.ablate_decompose.output.gradient,
+        gradient=rules.ablate_gradient.output.table,
         training=lambda wildcards: training_inputs(P, workflow.rules),
     output:
         summary=P.report_summary,
