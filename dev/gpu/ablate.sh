@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU calls: the mismatch ablations of the local profile (real GGUF model, GSM8K), i.e.
-#   snakemake ablate_decompose ablate_fix --cores all --resources gpu_jobs=2 --configfile config/local.yaml
+#   snakemake ablate_decompose ablate_gradient ablate_fix --cores all --resources gpu_jobs=2 --configfile config/local.yaml
 # (with their inputs: download, convert, build), both ablations at once on the one GPU,
 # detached (a device call lasts at most 10 minutes) and polled:
 #   bash dev/gpu/ablate.sh start     # model + data in place, launch, return
@@ -11,7 +11,7 @@ set -uo pipefail
 source dev/gpu/env.sh
 source dev/gpu/detached.sh
 state=/root/ablate
-command="snakemake ablate_decompose ablate_fix --cores all --resources gpu_jobs=2 --configfile config/local.yaml"
+command="snakemake ablate_decompose ablate_gradient ablate_fix --cores all --resources gpu_jobs=2 --configfile config/local.yaml"
 
 case "${1:?start, wait or collect}" in
 start)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU calls: issue 21's real-model measurements that need no timing, detached and polled:
-#   - ablate_decompose (the gap by source, visibility, gradients) on the local profile (the source as converted);
+#   - ablate_decompose and ablate_gradient (the gap by source, visibility, gradients) on the local profile (the source as converted);
 #   - ablate_decompose on the released-bf16 condition (run local-bf16grid, convert.snap_to=bf16),
 #     beside it, in its own process (its own results folder);
 #   - then dev/grid_conditions over both runs.
@@ -24,13 +24,13 @@ start)
   ;;
 run)
   mkdir -p "$state" && t0=$(date +%s.%N)
-  (for stage in download_model download_data convert_weights build_engine ablate_decompose; do
+  (for stage in download_model download_data convert_weights build_engine ablate_decompose ablate_gradient_run ablate_gradient; do
      python3 -m ratchet "$stage" --config config/local.yaml "${snapped[@]}" || exit 1
    done) > "$state/bf16grid.log" 2>&1 &
   snapped_pid=$!
   rc=0
   if [ -z "${SNAPPED_ONLY:-}" ]; then
-    python3 -m snakemake ablate_decompose --cores all --resources gpu_jobs=2 \
+    python3 -m snakemake ablate_decompose ablate_gradient --cores all --resources gpu_jobs=2 \
       --configfile config/local.yaml --nolock > "$state/snakemake.log" 2>&1 || rc=1
   fi
   wait "$snapped_pid" || rc=1
