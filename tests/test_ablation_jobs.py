@@ -68,9 +68,9 @@ def test_a_job_that_is_no_remedy_or_dtype_is_one_clear_error(tmp_path):
     from ratchet.stages import ablate
 
     cfg = validate({"results_dir": str(tmp_path)})
-    with pytest.raises(ValueError, match=r"remedy='fast' is not one of \('none', 'fix', 'exact', 'tis', 'mis'\)"):
+    with pytest.raises(ValueError, match=r"remedy='fast' is not one of \('none', 'fix', 'exact', 'tis', 'mis', 'all'\)"):
         ablate.ablate_fix_run(cfg, None, remedy="fast")
-    with pytest.raises(ValueError, match=r"dtype='fp8' is not one of \('fp16', 'bf16', 'fp32'\)"):
+    with pytest.raises(ValueError, match=r"dtype='fp8' is not one of \('fp16', 'bf16', 'fp32', 'all'\)"):
         ablate.ablate_gradient_run(cfg, None, dtype="fp8")
 
 
@@ -79,3 +79,62 @@ def test_gathering_keeps_the_order_asked_for():
     b = pd.DataFrame({"updates": [0, 3], "engine_dtype": ["bf16"] * 2, "v": [3, 4]})
     assert list(gather_dtypes([a, b])["v"]) == [1, 3, 2, 4]
     assert list(gather([b, a])["v"]) == [3, 4, 1, 2]
+
+
+def _dry_run_jobs(workdir, *config: str) -> dict[str, int]:
+    """{rule: its jobs} in a dry run of `all` on the tiny default with `config` set."""
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RATCHET_", "MLFLOW_"))}
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(root / "Snakefile"),
+                           "--directory", str(workdir), "--configfile", str(root / "config" / "config.yaml"),
+                           "-n", "--cores", "1", "--config", f"set={' '.join(config)}", "--", "all"],
+                          capture_output=True, text=True, env={**env, "RATCHET_TRACKING": "off"}, timeout=300,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", proc.stdout, re.MULTILINE)}
+
+
+def test_parallel_jobs_makes_a_job_a_remedy_and_a_dtype_and_off_one_of_each(tmp_path):
+    on = _dry_run_jobs(tmp_path / "on", "ablate.parallel_jobs=true", "ablate.fix_runs=[none,fix,tis]")
+    off = _dry_run_jobs(tmp_path / "off", "ablate.parallel_jobs=false")
+    assert (on["ablate_fix_run"], on["ablate_gradient_run"]) == (3, 2)
+    assert (off["ablate_fix_run"], off["ablate_gradient_run"]) == (1, 1)
+    assert on["ablate_fix"] == off["ablate_fix"] == on["ablate_gradient"] == off["ablate_gradient"] == 1
+
+
+@pytest.mark.slow
+def test_either_way_the_stages_write_the_same_tables(tmp_path, monkeypatch):
+    """The stages as the pipeline runs them, a job a remedy and a dtype, then one job of each:
+    every table the same bytes."""
+    import hashlib
+
+    from ratchet.paths import RunPaths
+    from ratchet.stages import run_stage
+    from ratchet.stages.registry import stage_jobs
+
+    monkeypatch.setenv("RATCHET_TRACKING", "off")
+    monkeypatch.delenv("RATCHET_PIPELINE_ID", raising=False)
+    base = {"results_dir": str(tmp_path), "model": {"tiny": {"init_std": 0.1}}, "eval": {"max_new_tokens": 2},
+            "ablate": {"updates": [0, 1], "visibility_updates": 1, "fix_steps": 2, "num_rollouts": 8,
+                       "max_new_tokens": 2, "eval_problems": 10, "fix_runs": ["none", "exact", "tis"]}}
+    digests = []
+    for parallel in (True, False):
+        cfg = validate({**base, "run_name": f"parallel-{parallel}",
+                        "ablate": {**base["ablate"], "parallel_jobs": parallel}})
+        for stage in ("download_model", "download_data", "convert_weights", "build_engine"):
+            run_stage(stage, cfg)
+        for stage in ("ablate_fix_run", "ablate_gradient_run"):
+            for job in stage_jobs(stage, cfg):
+                run_stage(stage, cfg, job=job)
+        for stage in ("ablate_fix", "ablate_gradient"):
+            run_stage(stage, cfg)
+        paths = RunPaths.from_config(cfg)
+        digests.append({p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+                        for p in (paths.fix_table, paths.fix_steps, paths.gradient_table)})
+    assert digests[0] == digests[1]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ratchet.config import validate
+from ratchet.config import load, validate
 from ratchet.paths import RunPaths
 from ratchet.stages import STAGES, registry
 from ratchet.stages.registry import stage_jobs
@@ -47,7 +47,7 @@ def _rules(proc: subprocess.CompletedProcess) -> dict[str, dict[str, set[str]]]:
 def test_rules_and_registry_name_the_same_paths(dry_run):
     rules = _rules(dry_run)
     assert set(rules) - NOT_STAGES == set(STAGES)
-    cfg = validate({})
+    cfg = load(ROOT / "config" / "config.yaml", [])  # the Snakefile's configfile
     paths = RunPaths.from_config(cfg)
     for name, stage in STAGES.items():
         declared = rules[name]  # a rule run per job: its jobs' paths together

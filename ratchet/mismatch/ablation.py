@@ -20,6 +20,17 @@ FIX_RUNS: dict[str, dict] = {
 }
 
 ENGINE_DTYPES = ("fp16", "bf16", "fp32")  # an ablation engine's dtypes (the schema's enum)
+EVERY = "all"  # the one job of ablate_fix_run or ablate_gradient_run without ablate.parallel_jobs
+
+
+def fix_jobs(ablate: dict) -> list[str]:
+    """ablate_fix_run's jobs (remedies, or EVERY) for the `ablate:` section."""
+    return list(ablate["fix_runs"]) if ablate["parallel_jobs"] else [EVERY]
+
+
+def gradient_jobs(ablate: dict) -> list[str]:
+    """ablate_gradient_run's jobs (engine dtypes, or EVERY) for the `ablate:` section."""
+    return list(ablate["engine_dtypes"]) if ablate["parallel_jobs"] else [EVERY]
 
 _OUTSIDE_ABLATE = {"seed": ("seed",), "engine_dtype": ("engine", "dtype"), "train": ("train",)}
 

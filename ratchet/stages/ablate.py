@@ -135,15 +135,17 @@ def ablate_decompose(cfg: dict, run) -> None:
 
 def ablate_gradient_run(cfg: dict, run, dtype: str) -> None:
     """Every remedy's policy gradient against the on-policy one, on fresh batches of one engine
-    dtype after each of ablate.gradient_updates updates of ablate_decompose's GRPO run, replayed
-    here to the same bits (a job a dtype, so that they run beside the decomposition)."""
-    from ratchet.mismatch.ablation import ENGINE_DTYPES
+    dtype (`all`: each of ablate.engine_dtypes in turn) after each of ablate.gradient_updates
+    updates of ablate_decompose's GRPO run, replayed here to the same bits (a job a dtype, so
+    that they run beside the decomposition: ablate.parallel_jobs)."""
+    from ratchet.mismatch.ablation import ENGINE_DTYPES, EVERY
     from ratchet.mismatch.decompose import along_updates
 
-    if dtype not in ENGINE_DTYPES:
-        raise ValueError(f"ablate_gradient_run: dtype={dtype!r} is not one of {ENGINE_DTYPES}")
+    if dtype not in (*ENGINE_DTYPES, EVERY):
+        raise ValueError(f"ablate_gradient_run: dtype={dtype!r} is not one of {(*ENGINE_DTYPES, EVERY)}")
     paths = RunPaths.from_config(cfg)
     setup, settings = make_setup(cfg)
+    dtypes = settings.engine_dtypes if dtype == EVERY else (dtype,)
     start = time.perf_counter()
     progress = Progress(f"ablate_gradient_run {dtype}", max(settings.gradient_updates), unit="update")
 
@@ -161,7 +163,7 @@ def ablate_gradient_run(cfg: dict, run, dtype: str) -> None:
 
     laps = Laps()
     _, _, grad = along_updates(setup, settings, visibility_updates=0, measure_at=(),
-                               gradient_at=settings.gradient_updates, gradient_dtypes=(dtype,),
+                               gradient_at=settings.gradient_updates, gradient_dtypes=dtypes,
                                log_gradient=log_gradient, laps=laps)
     run.log_metrics({"time/gradient_s": time.perf_counter() - start})
     print(f"[ablate_gradient_run] its run in {laps.line()}", flush=True)
@@ -172,13 +174,13 @@ def ablate_gradient_run(cfg: dict, run, dtype: str) -> None:
 def ablate_gradient(cfg: dict, run) -> None:
     """ablate_gradient_run's parts as one table (the rows of one run measuring every dtype in
     turn) and its figure."""
+    from ratchet.mismatch.ablation import gradient_jobs
     from ratchet.mismatch.gradient import gather_dtypes
     from ratchet.report.figures import gradient_figure
 
     paths = RunPaths.from_config(cfg)
-    dtypes = cfg["ablate"]["engine_dtypes"]
     parts = [read_part(paths.gradient_part(d), "ablate_gradient", f"ablate_gradient_run --job dtype={d}")
-             for d in dtypes]
+             for d in gradient_jobs(cfg["ablate"])]
     write_ablation(run, gather_dtypes(parts), paths.gradient_table, paths.gradient_figure, gradient_figure)
 
 
@@ -250,31 +252,34 @@ FIX_METRICS = {"reward": "train/reward", "num_tokens": "train/num_tokens", "upda
 
 
 def ablate_fix_run(cfg: dict, run, remedy: str) -> None:
-    """One run of ablate_fix (a remedy of FIX_RUNS; a job each, so that they run side by side)."""
-    from ratchet.mismatch.ablation import FIX_RUNS
-    from ratchet.mismatch.fix import fix_run
+    """One run of ablate_fix (a remedy of FIX_RUNS; a job each, so that they run side by side:
+    ablate.parallel_jobs), or `all`: every run of ablate.fix_runs in turn, in one process."""
+    from ratchet.mismatch.ablation import EVERY, FIX_RUNS
+    from ratchet.mismatch.fix import fix_run, gather
 
-    if remedy not in FIX_RUNS:
-        raise ValueError(f"ablate_fix_run: remedy={remedy!r} is not one of {tuple(FIX_RUNS)}")
+    if remedy not in (*FIX_RUNS, EVERY):
+        raise ValueError(f"ablate_fix_run: remedy={remedy!r} is not one of {(*FIX_RUNS, EVERY)}")
     paths = RunPaths.from_config(cfg)
     setup, settings = make_setup(cfg, with_eval=True)
+    names = settings.fix_runs if remedy == EVERY else (remedy,)
     start = time.perf_counter()
-    progress = Progress(f"ablate_fix_run {remedy}", settings.fix_steps)
-    variant = run.variant(remedy, {"fix_run": remedy, **FIX_RUNS[remedy]})
+    progress = Progress(f"ablate_fix_run {remedy}", len(names) * settings.fix_steps)
 
     def log(name, step, row):
         # the job's log gets a line a step, as a training's does (the console gets the progress)
         print(f"[ablate_fix_run] {name:5s} step {step:3d}  reward {row['reward']:.3f}  "
               f"|dlogp| mean {row.get('gap_mean', np.nan):.1e} max {row.get('gap_max', np.nan):.3g}  "
               f"visible {row.get('visible_share', np.nan):.4f}", flush=True)
-        # the names the trainings log (train/..., mismatch/...)
+        # one nested run per remedy, under the names the trainings log (train/..., mismatch/...)
+        variant = run.variant(name, {"fix_run": name, **FIX_RUNS[name]})
         variant.log_metrics({FIX_METRICS[k]: v for k, v in row.items()
                              if k in FIX_METRICS and np.isfinite(v)}, step=step)
-        progress.update(step + 1, f"reward {row['reward']:.3f}")
+        progress.update(names.index(name) * settings.fix_steps + step + 1, f"{name} reward {row['reward']:.3f}")
 
     laps = Laps()
-    steps, summary = fix_run(setup, settings, remedy, log=log, laps=laps)
-    print(f"[ablate_fix_run] its run in {laps.line()}", flush=True)
+    parts = [fix_run(setup, settings, name, log=log, laps=laps) for name in names]
+    steps, summary = gather([p[0] for p in parts]), gather([p[1] for p in parts])
+    print(f"[ablate_fix_run] {'its runs' if len(names) > 1 else 'its run'} in {laps.line()}", flush=True)
     print("[ablate_fix_run] after training:\n" + summary.to_string(index=False), flush=True)
     write_parquet(paths.fix_run_steps(remedy), steps)
     write_parquet(paths.fix_run_summary(remedy), summary)
@@ -284,16 +289,17 @@ def ablate_fix_run(cfg: dict, run, remedy: str) -> None:
 
 
 def ablate_fix(cfg: dict, run) -> None:
-    """ablate_fix_run's runs as one table of steps and one of runs (in ablate.fix_runs' order),
+    """ablate_fix_run's jobs as one table of steps and one of runs (in ablate.fix_runs' order),
     and the figure of the fix against TIS and MIS."""
+    from ratchet.mismatch.ablation import fix_jobs
     from ratchet.mismatch.fix import gather
     from ratchet.report.figures import fix_figure
 
     paths = RunPaths.from_config(cfg)
-    names = cfg["ablate"]["fix_runs"]
     made = lambda r: f"ablate_fix_run --job remedy={r}"  # noqa: E731
-    steps = gather([read_part(paths.fix_run_steps(r), "ablate_fix", made(r)) for r in names])
-    runs = gather([read_part(paths.fix_run_summary(r), "ablate_fix", made(r)) for r in names])
+    jobs = fix_jobs(cfg["ablate"])
+    steps = gather([read_part(paths.fix_run_steps(r), "ablate_fix", made(r)) for r in jobs])
+    runs = gather([read_part(paths.fix_run_summary(r), "ablate_fix", made(r)) for r in jobs])
     print("[ablate_fix] after training:\n" + runs.to_string(index=False), flush=True)
     write_parquet(paths.fix_steps, steps)
     write_parquet(paths.fix_table, runs)

@@ -61,15 +61,15 @@ def _prepared(p: RunPaths) -> list[Path]:
 
 
 def _gradient_jobs(cfg: dict) -> list[dict[str, str]]:
-    from ratchet.mismatch.ablation import AblateSettings
+    from ratchet.mismatch.ablation import gradient_jobs
 
-    return [{"dtype": d} for d in AblateSettings.from_config(cfg).engine_dtypes]
+    return [{"dtype": d} for d in gradient_jobs(cfg["ablate"])]
 
 
 def _fix_jobs(cfg: dict) -> list[dict[str, str]]:
-    from ratchet.mismatch.ablation import AblateSettings
+    from ratchet.mismatch.ablation import fix_jobs
 
-    return [{"remedy": r} for r in AblateSettings.from_config(cfg).fix_runs]
+    return [{"remedy": r} for r in fix_jobs(cfg["ablate"])]
 
 
 def _learning_jobs(cfg: dict) -> list[dict[str, str]]:

@@ -1,8 +1,11 @@
 # The decomposition and the visibility of updates study the same GRPO run: one rule measures
 # both along it. The remedies' gradients replay that run to the same bits in one job per engine
-# dtype, and ablate_fix's runs are one job each: on a GPU they run side by side (as many as
-# --resources gpu_jobs and gpu_mem_gib allow), and one job without a GPU gathers each table.
-from ratchet.mismatch.ablation import ENGINE_DTYPES, FIX_RUNS
+# dtype, and ablate_fix's runs are one job each (ablate.parallel_jobs; else one job `all` of
+# each): on a GPU they run side by side (as many as --resources gpu_jobs and gpu_mem_gib
+# allow), and one job without a GPU gathers each table.
+from ratchet.mismatch.ablation import ENGINE_DTYPES, EVERY, FIX_RUNS, fix_jobs, gradient_jobs
+
+FIX_JOBS, GRADIENT_JOBS = fix_jobs(config["ablate"]), gradient_jobs(config["ablate"])
 
 
 rule ablate_decompose:
@@ -49,7 +52,7 @@ rule ablate_gradient_run:
     output:
         part=P.gradient_part("{dtype}"),
     wildcard_constraints:
-        dtype="|".join(ENGINE_DTYPES),
+        dtype="|".join((*ENGINE_DTYPES, EVERY)),
     params:
         settings=job_settings("ablate_gradient_run", "engine_dtypes"),
     priority: 8
@@ -68,7 +71,7 @@ rule ablate_gradient_run:
 
 rule ablate_gradient:
     input:
-        parts=[P.gradient_part(d) for d in config["ablate"]["engine_dtypes"]],
+        parts=[P.gradient_part(d) for d in GRADIENT_JOBS],
     output:
         table=P.gradient_table,
         figure=report(
@@ -96,7 +99,7 @@ rule ablate_fix_run:
         steps=P.fix_run_steps("{remedy}"),
         run=P.fix_run_summary("{remedy}"),
     wildcard_constraints:
-        remedy="|".join(FIX_RUNS),
+        remedy="|".join((*FIX_RUNS, EVERY)),
     params:
         settings=job_settings("ablate_fix_run", "fix_runs"),
     priority: 7
@@ -115,8 +118,8 @@ rule ablate_fix_run:
 
 rule ablate_fix:
     input:
-        steps=[P.fix_run_steps(r) for r in config["ablate"]["fix_runs"]],
-        runs=[P.fix_run_summary(r) for r in config["ablate"]["fix_runs"]],
+        steps=[P.fix_run_steps(r) for r in FIX_JOBS],
+        runs=[P.fix_run_summary(r) for r in FIX_JOBS],
     output:
         table=P.fix_table,
         steps=P.fix_steps,

@@ -72,9 +72,11 @@ else:
 
 def job_settings(stage, *jobs):
     """A job's settings less the ablate lists that only enumerate the jobs (ablate.fix_runs, ...):
-    adding a remedy or an engine dtype reruns none of the others."""
+    adding a remedy or an engine dtype reruns none of the others. Without ablate.parallel_jobs
+    the one job `all` runs every item of the lists, so they stay."""
     s = settings(stage, config)
-    s["ablate"] = {k: v for k, v in s["ablate"].items() if k not in jobs}
+    if s["ablate"]["parallel_jobs"]:
+        s["ablate"] = {k: v for k, v in s["ablate"].items() if k not in jobs}
     return json.dumps(s, sort_keys=True)
 
 
