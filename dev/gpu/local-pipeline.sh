@@ -48,7 +48,8 @@ PY
 run)
   mkdir -p "$state"
   # whether the GPU rules shared the SMs (NVIDIA MPS, dev/gpu/mps.sh) or took turns: for the record
-  pgrep -x nvidia-cuda-mps-control > /dev/null && echo true > "$state/mps" || echo false > "$state/mps"
+  # (by its command line: the kernel keeps 15 characters of a name, so -x never matched)
+  pgrep -f '^[^ ]*nvidia-cuda-mps-control' > /dev/null && echo true > "$state/mps" || echo false > "$state/mps"
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 1000 > "$state/gpu_mem_mib.txt" &
   sampler=$!
   run_timed "$state" python3 -m snakemake "${args[@]}"
