@@ -50,6 +50,8 @@ def _jobs(stage: str, cfg: dict, given: list[str]) -> list[dict[str, str] | None
     from ratchet.stages.registry import stage_jobs
 
     jobs = stage_jobs(stage, cfg)
+    if not jobs:  # e.g. ablate_gradient_run without ablate.parallel_jobs (ablate_decompose does its work)
+        raise InputError(f"{stage}: the config asks for no job of it")
     if not given:
         return jobs
     pairs = [g.split("=", 1) for g in given]

@@ -61,6 +61,10 @@ def test_a_gather_without_its_jobs_names_the_command_that_makes_them(tmp_path):
         ablate_fix(cfg, run=None)
     with pytest.raises(MissingInputError, match=r"ablate_gradient_run --job dtype=fp16"):
         ablate_gradient(cfg, run=None)
+    alone = validate({"results_dir": str(tmp_path), "ablate": {"parallel_jobs": False}})
+    with pytest.raises(MissingInputError, match=r"gradient/all\.parquet does not exist; run `snakemake "
+                                                r"ablate_gradient` \(or `ratchet ablate_decompose`\)"):
+        ablate_gradient(alone, run=None)
 
 
 def test_a_job_that_is_no_remedy_or_dtype_is_one_clear_error(tmp_path):
@@ -70,7 +74,7 @@ def test_a_job_that_is_no_remedy_or_dtype_is_one_clear_error(tmp_path):
     cfg = validate({"results_dir": str(tmp_path)})
     with pytest.raises(ValueError, match=r"remedy='fast' is not one of \('none', 'fix', 'exact', 'tis', 'mis', 'all'\)"):
         ablate.ablate_fix_run(cfg, None, remedy="fast")
-    with pytest.raises(ValueError, match=r"dtype='fp8' is not one of \('fp16', 'bf16', 'fp32', 'all'\)"):
+    with pytest.raises(ValueError, match=r"dtype='fp8' is not one of \('fp16', 'bf16', 'fp32'\)"):
         ablate.ablate_gradient_run(cfg, None, dtype="fp8")
 
 
@@ -104,8 +108,10 @@ def test_parallel_jobs_makes_a_job_a_remedy_and_a_dtype_and_off_one_of_each(tmp_
     on = _dry_run_jobs(tmp_path / "on", "ablate.parallel_jobs=true", "ablate.fix_runs=[none,fix,tis]")
     off = _dry_run_jobs(tmp_path / "off", "ablate.parallel_jobs=false")
     assert (on["ablate_fix_run"], on["ablate_gradient_run"]) == (3, 2)
-    assert (off["ablate_fix_run"], off["ablate_gradient_run"]) == (1, 1)
+    # off: one fix job, and the gradients measured along ablate_decompose's own run (no replay)
+    assert off["ablate_fix_run"] == 1 and "ablate_gradient_run" not in off
     assert on["ablate_fix"] == off["ablate_fix"] == on["ablate_gradient"] == off["ablate_gradient"] == 1
+    assert on["ablate_decompose"] == off["ablate_decompose"] == 1
 
 
 @pytest.mark.slow
@@ -127,14 +133,15 @@ def test_either_way_the_stages_write_the_same_tables(tmp_path, monkeypatch):
     for parallel in (True, False):
         cfg = validate({**base, "run_name": f"parallel-{parallel}",
                         "ablate": {**base["ablate"], "parallel_jobs": parallel}})
-        for stage in ("download_model", "download_data", "convert_weights", "build_engine"):
+        for stage in ("download_model", "download_data", "convert_weights", "build_engine", "ablate_decompose"):
             run_stage(stage, cfg)
         for stage in ("ablate_fix_run", "ablate_gradient_run"):
-            for job in stage_jobs(stage, cfg):
+            for job in stage_jobs(stage, cfg):  # none of the second without parallel_jobs
                 run_stage(stage, cfg, job=job)
         for stage in ("ablate_fix", "ablate_gradient"):
             run_stage(stage, cfg)
         paths = RunPaths.from_config(cfg)
         digests.append({p.name: hashlib.sha256(p.read_bytes()).hexdigest()
-                        for p in (paths.fix_table, paths.fix_steps, paths.gradient_table)})
+                        for p in (paths.fix_table, paths.fix_steps, paths.gradient_table,
+                                  paths.decompose_table, paths.visibility_table)})
     assert digests[0] == digests[1]

@@ -93,6 +93,13 @@ def test_a_stage_run_before_its_inputs_names_the_rule_that_makes_them(tmp_path):
                                    "exist; run `snakemake download_model` (or `ratchet download_model`) first")
 
 
+def test_a_job_stage_the_config_asks_nothing_of_says_so(tmp_path, capsys):
+    """Without ablate.parallel_jobs ablate_decompose measures the gradients: their job stage is
+    one line's error, not a silent success."""
+    assert cli.main(["ablate_gradient_run", f"results_dir={tmp_path}", "ablate.parallel_jobs=false"]) == 2
+    assert capsys.readouterr().err.strip() == "ratchet: ablate_gradient_run: the config asks for no job of it"
+
+
 @pytest.mark.slow
 def test_a_hand_run_stage_does_not_overwrite_outputs_of_other_settings(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the stages eval_baseline reads: by hand too, in this process

@@ -20,7 +20,7 @@ FIX_RUNS: dict[str, dict] = {
 }
 
 ENGINE_DTYPES = ("fp16", "bf16", "fp32")  # an ablation engine's dtypes (the schema's enum)
-EVERY = "all"  # the one job of ablate_fix_run or ablate_gradient_run without ablate.parallel_jobs
+EVERY = "all"  # without ablate.parallel_jobs: ablate_fix_run's one job, and the gradients' one part
 
 
 def fix_jobs(ablate: dict) -> list[str]:
@@ -28,8 +28,9 @@ def fix_jobs(ablate: dict) -> list[str]:
     return list(ablate["fix_runs"]) if ablate["parallel_jobs"] else [EVERY]
 
 
-def gradient_jobs(ablate: dict) -> list[str]:
-    """ablate_gradient_run's jobs (engine dtypes, or EVERY) for the `ablate:` section."""
+def gradient_parts(ablate: dict) -> list[str]:
+    """The gradients' parts: one per engine dtype from ablate_gradient_run's jobs, or EVERY, the
+    one ablate_decompose measures along its own run (no replay) without ablate.parallel_jobs."""
     return list(ablate["engine_dtypes"]) if ablate["parallel_jobs"] else [EVERY]
 
 _OUTSIDE_ABLATE = {"seed": ("seed",), "engine_dtype": ("engine", "dtype"), "train": ("train",)}

@@ -87,17 +87,37 @@ GRADIENT_METRICS = {"cosine": "gradient/cosine", "rel_diff": "gradient/rel_diff"
                     "gap_mean": "mismatch/logprob_abs_diff_mean", "gap_max": "mismatch/logprob_abs_diff_max"}
 
 
+def gradient_logger(run, progress, label: str):
+    """log_gradient for along_updates: the nested MLflow runs and a line of the job's log."""
+    def log_gradient(dtype, updates, rows):
+        progress.update(updates)
+        for r in rows:  # one nested run per (engine dtype, remedy)
+            params = {k: r[k] for k in ("engine_dtype", "variant", "weight_dtype", "old_logprobs",
+                                        "is_correction", "exact_forward")}
+            run.variant(f"{dtype}/gradient/{r['variant']}", params).log_metrics(
+                {name: r[k] for k, name in GRADIENT_METRICS.items() if math.isfinite(r[k])}, step=updates)
+        others = "  ".join(f"{r['variant']} 1-cos {1 - r['cosine']:.2e} rel {r['rel_diff']:.2e}"
+                           for r in rows if r["variant"] != "reference")
+        print(f"[{label}] gradient, {dtype} after {updates:3d} updates, {rows[0]['num_tokens']} "
+              f"tokens, gap mean {rows[0]['gap_mean']:.2e}: {others}", flush=True)
+    return log_gradient
+
+
 def ablate_decompose(cfg: dict, run) -> None:
     """The decomposition and the visibility of updates along one GRPO run (the two study the same
-    updates: one run of them instead of two identical ones; the gradients replay it in jobs of
-    their own, ablate_gradient_run, which run beside it)."""
+    updates: one run of them instead of two identical ones). With ablate.parallel_jobs the
+    remedies' gradients replay it in jobs of their own (ablate_gradient_run), which run beside
+    it; without, they are measured along this run too, as one part (no replay)."""
+    from ratchet.mismatch.ablation import EVERY
     from ratchet.mismatch.decompose import along_updates
     from ratchet.report.figures import decomposition_figure, visibility_figure
 
     paths = RunPaths.from_config(cfg)
     setup, settings = make_setup(cfg)
+    gradients = not cfg["ablate"]["parallel_jobs"]
     start = time.perf_counter()
-    progress = Progress("ablate_decompose", max(*settings.updates, settings.visibility_updates), unit="update")
+    progress = Progress("ablate_decompose", max(*settings.updates, settings.visibility_updates,
+                                                *(settings.gradient_updates if gradients else ())), unit="update")
 
     def log(updates, rows):
         progress.update(updates)
@@ -126,45 +146,36 @@ def ablate_decompose(cfg: dict, run) -> None:
             for r in rows), flush=True)
 
     laps = Laps()
-    frame, vis, _ = along_updates(setup, settings, log=log, log_visibility=log_visibility, laps=laps)
-    run.log_metrics({"time/decompose_s": time.perf_counter() - start})  # both: one GRPO run
+    frame, vis, grad = along_updates(setup, settings, log=log, log_visibility=log_visibility, laps=laps,
+                                     gradient_at=settings.gradient_updates if gradients else (),
+                                     log_gradient=gradient_logger(run, progress, "ablate_decompose"))
+    run.log_metrics({"time/decompose_s": time.perf_counter() - start})  # all: one GRPO run
     print(f"[ablate_decompose] its run in {laps.line()}", flush=True)
     write_ablation(run, frame, paths.decompose_table, paths.decompose_figure, decomposition_figure)
     write_ablation(run, vis, paths.visibility_table, paths.visibility_figure, visibility_figure)
+    if gradients:
+        write_parquet(paths.gradient_part(EVERY), grad)
+        run.log_output(paths.gradient_part(EVERY))
 
 
 def ablate_gradient_run(cfg: dict, run, dtype: str) -> None:
     """Every remedy's policy gradient against the on-policy one, on fresh batches of one engine
-    dtype (`all`: each of ablate.engine_dtypes in turn) after each of ablate.gradient_updates
-    updates of ablate_decompose's GRPO run, replayed here to the same bits (a job a dtype, so
-    that they run beside the decomposition: ablate.parallel_jobs)."""
-    from ratchet.mismatch.ablation import ENGINE_DTYPES, EVERY
+    dtype after each of ablate.gradient_updates updates of ablate_decompose's GRPO run, replayed
+    here to the same bits (a job a dtype, so that they run beside the decomposition:
+    ablate.parallel_jobs)."""
+    from ratchet.mismatch.ablation import ENGINE_DTYPES
     from ratchet.mismatch.decompose import along_updates
 
-    if dtype not in (*ENGINE_DTYPES, EVERY):
-        raise ValueError(f"ablate_gradient_run: dtype={dtype!r} is not one of {(*ENGINE_DTYPES, EVERY)}")
+    if dtype not in ENGINE_DTYPES:
+        raise ValueError(f"ablate_gradient_run: dtype={dtype!r} is not one of {ENGINE_DTYPES}")
     paths = RunPaths.from_config(cfg)
     setup, settings = make_setup(cfg)
-    dtypes = settings.engine_dtypes if dtype == EVERY else (dtype,)
     start = time.perf_counter()
     progress = Progress(f"ablate_gradient_run {dtype}", max(settings.gradient_updates), unit="update")
-
-    def log_gradient(dtype, updates, rows):
-        progress.update(updates)
-        for r in rows:  # one nested run per (engine dtype, remedy)
-            params = {k: r[k] for k in ("engine_dtype", "variant", "weight_dtype", "old_logprobs",
-                                        "is_correction", "exact_forward")}
-            run.variant(f"{dtype}/gradient/{r['variant']}", params).log_metrics(
-                {name: r[k] for k, name in GRADIENT_METRICS.items() if math.isfinite(r[k])}, step=updates)
-        others = "  ".join(f"{r['variant']} 1-cos {1 - r['cosine']:.2e} rel {r['rel_diff']:.2e}"
-                           for r in rows if r["variant"] != "reference")
-        print(f"[ablate_gradient_run] {dtype} after {updates:3d} updates, {rows[0]['num_tokens']} "
-              f"tokens, gap mean {rows[0]['gap_mean']:.2e}: {others}", flush=True)
-
     laps = Laps()
     _, _, grad = along_updates(setup, settings, visibility_updates=0, measure_at=(),
-                               gradient_at=settings.gradient_updates, gradient_dtypes=dtypes,
-                               log_gradient=log_gradient, laps=laps)
+                               gradient_at=settings.gradient_updates, gradient_dtypes=(dtype,),
+                               log_gradient=gradient_logger(run, progress, "ablate_gradient_run"), laps=laps)
     run.log_metrics({"time/gradient_s": time.perf_counter() - start})
     print(f"[ablate_gradient_run] its run in {laps.line()}", flush=True)
     write_parquet(paths.gradient_part(dtype), grad)
@@ -172,15 +183,15 @@ def ablate_gradient_run(cfg: dict, run, dtype: str) -> None:
 
 
 def ablate_gradient(cfg: dict, run) -> None:
-    """ablate_gradient_run's parts as one table (the rows of one run measuring every dtype in
-    turn) and its figure."""
-    from ratchet.mismatch.ablation import gradient_jobs
+    """The gradients' parts (ablate_gradient_run's, or ablate_decompose's one) as one table, the
+    rows of one run measuring every dtype in turn, and its figure."""
+    from ratchet.mismatch.ablation import EVERY, gradient_parts
     from ratchet.mismatch.gradient import gather_dtypes
     from ratchet.report.figures import gradient_figure
 
     paths = RunPaths.from_config(cfg)
-    parts = [read_part(paths.gradient_part(d), "ablate_gradient", f"ablate_gradient_run --job dtype={d}")
-             for d in gradient_jobs(cfg["ablate"])]
+    made = lambda d: "ablate_decompose" if d == EVERY else f"ablate_gradient_run --job dtype={d}"  # noqa: E731
+    parts = [read_part(paths.gradient_part(d), "ablate_gradient", made(d)) for d in gradient_parts(cfg["ablate"])]
     write_ablation(run, gather_dtypes(parts), paths.gradient_table, paths.gradient_figure, gradient_figure)
 
 

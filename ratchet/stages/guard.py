@@ -38,7 +38,7 @@ def check_inputs(stage: str, cfg: dict, job: dict | None = None) -> None:
 def check_overwrite(stage: str, cfg: dict, job: dict | None = None) -> None:
     """Refuse to replace outputs that were made under other settings; name the keys that differ."""
     paths = RunPaths.from_config(cfg)
-    existing = [p for p in writes(stage, paths, job) if p.exists()]
+    existing = [p for p in writes(stage, paths, job, cfg) if p.exists()]
     stamp = stamp_path(paths, job_label(stage, job))
     if not existing or not stamp.is_file():
         return

@@ -25,6 +25,9 @@ class Stage:
     # a stage run once per job (a rule with wildcards): the jobs a config asks for, each
     # {wildcard: value}; its function, reads and writes then take a job's values as keywords
     jobs: Callable[[dict], list[dict[str, str]]] | None = None
+    # what it writes besides `writes` under a config (ablate_decompose: the gradients' table
+    # without ablate.parallel_jobs, when no ablate_gradient_run job makes it)
+    config_writes: Callable[[RunPaths, dict], list[Path]] = lambda p, cfg: []
 
 
 # the stages whose rules take Snakemake's `gpu_jobs` (tests/test_stage_registry.py holds the
@@ -61,9 +64,14 @@ def _prepared(p: RunPaths) -> list[Path]:
 
 
 def _gradient_jobs(cfg: dict) -> list[dict[str, str]]:
-    from ratchet.mismatch.ablation import gradient_jobs
+    """One a dtype with ablate.parallel_jobs; none without (ablate_decompose measures them)."""
+    return [{"dtype": d} for d in cfg["ablate"]["engine_dtypes"]] if cfg["ablate"]["parallel_jobs"] else []
 
-    return [{"dtype": d} for d in gradient_jobs(cfg["ablate"])]
+
+def _gradient_in_decompose(p: RunPaths, cfg: dict) -> list[Path]:
+    from ratchet.mismatch.ablation import EVERY
+
+    return [] if cfg["ablate"]["parallel_jobs"] else [p.gradient_part(EVERY)]
 
 
 def _fix_jobs(cfg: dict) -> list[dict[str, str]]:
@@ -99,10 +107,12 @@ STAGES: dict[str, Stage] = {
                    "the CUDA engine's speed beside its references (not part of `all`)",
                    reads=lambda p: [p.build], writes=lambda p: [p.bench]),
     "ablate_decompose": Stage("ratchet.stages.ablate", ("data", "engine", "ablate", "train"),
-                              "the gap by source along one GRPO run and the visibility of its updates",
+                              "the gap by source along one GRPO run and the visibility of its updates "
+                              "(and without ablate.parallel_jobs, the remedies' gradients along it)",
                               reads=_prepared,
                               writes=lambda p: [p.decompose_table, p.decompose_figure,
-                                                p.visibility_table, p.visibility_figure]),
+                                                p.visibility_table, p.visibility_figure],
+                              config_writes=_gradient_in_decompose),
     "ablate_gradient_run": Stage("ratchet.stages.ablate", ("data", "engine", "ablate", "train"),
                                  "each remedy's policy gradient against the on-policy one along "
                                  "ablate_decompose's GRPO run, on one engine dtype's fresh batches",
@@ -182,8 +192,10 @@ def reads(stage: str, paths: RunPaths, job: dict[str, str] | None = None) -> lis
     return STAGES[stage].reads(paths, **(job or {}))
 
 
-def writes(stage: str, paths: RunPaths, job: dict[str, str] | None = None) -> list[Path]:
-    return STAGES[stage].writes(paths, **(job or {}))
+def writes(stage: str, paths: RunPaths, job: dict[str, str] | None = None, cfg: dict | None = None) -> list[Path]:
+    """What a stage (one job of it) writes; with `cfg`, also what it writes only under that config."""
+    s = STAGES[stage]
+    return s.writes(paths, **(job or {})) + (s.config_writes(paths, cfg) if cfg is not None else [])
 
 
 def producer(path: Path, paths: RunPaths, cfg: dict | None = None) -> str | None:
@@ -191,6 +203,6 @@ def producer(path: Path, paths: RunPaths, cfg: dict | None = None) -> str | None
     says which jobs there are."""
     for name, s in STAGES.items():
         for job in ([None] if s.jobs is None else s.jobs(cfg) if cfg is not None else []):
-            if Path(path) in writes(name, paths, job):
+            if Path(path) in writes(name, paths, job, cfg):
                 return name
     return None

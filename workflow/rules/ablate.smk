@@ -1,11 +1,13 @@
 # The decomposition and the visibility of updates study the same GRPO run: one rule measures
-# both along it. The remedies' gradients replay that run to the same bits in one job per engine
-# dtype, and ablate_fix's runs are one job each (ablate.parallel_jobs; else one job `all` of
-# each): on a GPU they run side by side (as many as --resources gpu_jobs and gpu_mem_gib
-# allow), and one job without a GPU gathers each table.
-from ratchet.mismatch.ablation import ENGINE_DTYPES, EVERY, FIX_RUNS, fix_jobs, gradient_jobs
+# both along it. With ablate.parallel_jobs the remedies' gradients replay that run to the same
+# bits in one job per engine dtype, and ablate_fix's runs are one job each: on GPUs they run
+# side by side (as many as --resources gpu_jobs and gpu_mem_gib allow). Without, the
+# decomposition measures the gradients along its own run, and one job makes every fix run.
+# A job without a GPU gathers each table.
+from ratchet.mismatch.ablation import ENGINE_DTYPES, EVERY, FIX_RUNS, fix_jobs, gradient_parts
 
-FIX_JOBS, GRADIENT_JOBS = fix_jobs(config["ablate"]), gradient_jobs(config["ablate"])
+PARALLEL = config["ablate"]["parallel_jobs"]
+FIX_JOBS, GRADIENT_PARTS = fix_jobs(config["ablate"]), gradient_parts(config["ablate"])
 
 
 rule ablate_decompose:
@@ -28,6 +30,7 @@ rule ablate_decompose:
             category="Mismatch ablations",
             labels={"figure": "visibility of updates"},
         ),
+        **({} if PARALLEL else {"gradient": P.gradient_part(EVERY)}),
     params:
         settings=stage_settings("ablate_decompose"),
     priority: 8
@@ -52,7 +55,7 @@ rule ablate_gradient_run:
     output:
         part=P.gradient_part("{dtype}"),
     wildcard_constraints:
-        dtype="|".join((*ENGINE_DTYPES, EVERY)),
+        dtype="|".join(ENGINE_DTYPES),
     params:
         settings=job_settings("ablate_gradient_run", "engine_dtypes"),
     priority: 8
@@ -71,7 +74,7 @@ rule ablate_gradient_run:
 
 rule ablate_gradient:
     input:
-        parts=[P.gradient_part(d) for d in GRADIENT_JOBS],
+        parts=[P.gradient_part(d) for d in GRADIENT_PARTS],
     output:
         table=P.gradient_table,
         figure=report(
