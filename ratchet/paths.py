@@ -125,7 +125,7 @@ class RunPaths:
     def fix_figure(self) -> Path:
         return self.ablate / "fix.png"
 
-    # ablate_fix and ablate_gradient: one job per remedy and per engine dtype, then the table
+    # ablate_fix_run and the gradients: a job per remedy and a part per engine dtype (or `all`)
     def fix_run_steps(self, remedy: str) -> Path:
         return self.ablate / "fix" / remedy / "steps.parquet"
 
