@@ -148,6 +148,32 @@ def test_the_fix_and_the_exact_fix(frame, tiny, settings):
     assert all(torch.equal(a, b) for a, b in zip(g_fix, g_exact))
 
 
+def test_variants_of_one_forward_share_it_and_each_gets_its_own_bits(tiny, settings):
+    """variant_gradients runs each micro-batch's forward once for the variants of one forward and
+    backwards each loss through that graph: every gradient, and every value its Experience
+    holds, is the bits of the variant's own forward and backward; the .grad are left as found."""
+    from ratchet.mismatch.gradient import forward_key, variant_gradients
+
+    small = dataclasses.replace(settings, micro_batch_size=3)  # several micro-batches to accumulate
+    for dtype, names in (("bf16", ("reference", "engine_old", "tis", "mis")), ("bf16", ("fix", "exact"))):
+        traj, engine, groups = batch(tiny, small, dtype)
+        cfgs = [variant_config(small, v, dtype) for v in names]
+        assert len({forward_key(c) for c in cfgs}) == 1
+        for p in traj.policy.parameters():
+            p.grad = torch.full_like(p, 7.0)
+        shared = variant_gradients(traj.policy, groups, tiny.task, cfgs, engine)
+        for (grads, exp), cfg, name in zip(shared, cfgs, names):
+            alone, alone_exp = batch_gradient(traj.policy, groups, tiny.task, cfg, engine)
+            assert all(torch.equal(a, b) for a, b in zip(grads, alone)), name
+            for field in ("trainer", "old", "weights", "entropy"):
+                assert torch.equal(getattr(exp, field), getattr(alone_exp, field)), (name, field)
+        assert all((p.grad == 7.0).all() for p in traj.policy.parameters())
+        assert len(list(range(0, int(shared[0][1].mask.shape[0]), 3))) > 1
+    with pytest.raises(ValueError, match="the cfgs' forwards differ"):
+        variant_gradients(traj.policy, groups, tiny.task, [variant_config(small, "reference", "bf16"),
+                                                            variant_config(small, "fix", "bf16")], engine)
+
+
 def test_the_measurement_leaves_the_trajectory_alone(tiny, settings):
     """A fresh batch and its gradients between two updates: the run's masters after the next
     update are the bits of a run that never measured."""

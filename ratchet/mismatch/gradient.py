@@ -59,30 +59,61 @@ def fresh_groups(engine, task, cfg: GRPOConfig, seed: int, max_tries: int = 20) 
                        "(raise ablate.max_steps_per_update or ablate.group_size)")
 
 
-def batch_gradient(policy, groups: list, task, cfg: GRPOConfig, engine=None):
-    """(gradient per parameter, the Experience its forward filled): the policy gradient of the
-    whole batch of `groups` under `cfg` (update's arithmetic, one mini-batch, no clipping, no
-    optimiser step); `engine` (exact_forward only) scores the answers. The parameters' .grad
-    are left as found."""
-    from ratchet.rl.experience import make_experience
-    from ratchet.rl.update import backward_loss, exact_values
+def forward_key(cfg: GRPOConfig) -> tuple:
+    """What decides a variant's forward pass: variants equal in it share one (the loss's
+    weighting of the tokens, its old log-probs and the exact forward's values come after)."""
+    return (cfg.weight_dtype, cfg.compute_dtype, cfg.temperature, cfg.attention, cfg.micro_batch_size,
+            cfg.micro_batch_tokens)
 
+
+def variant_gradients(policy, groups: list, task, cfgs: list[GRPOConfig], engine=None) -> list[tuple]:
+    """[(gradient per parameter, the Experience its forward filled)] per cfg: the policy gradient
+    of the whole batch of `groups` under each (update's arithmetic, one mini-batch, no clipping,
+    no optimiser step); `engine` (exact_forward only) scores the answers. The cfgs share one
+    forward_key, so each micro-batch's forward runs once and each cfg's loss is backwarded
+    through its graph in turn: the same saved tensors and kernels as a forward of its own, so
+    each gradient is the bits of batch_gradient alone (tests/test_gradient_error.py). The
+    parameters' .grad are left as found."""
+    from ratchet.rl.experience import make_experience
+    from ratchet.rl.loss import policy_loss
+    from ratchet.rl.update import exact_values, old_logprobs_and_weights, trainer_forwards
+
+    if len({forward_key(c) for c in cfgs}) != 1:
+        raise ValueError(f"variant_gradients: the cfgs' forwards differ {sorted({forward_key(c) for c in cfgs})}")
     params = list(policy.parameters())
-    exp = make_experience(groups, task, cfg, version=0, device=params[0].device)
-    if cfg.exact_forward:
-        exp.exact = exact_values(exp, engine, cfg, engine_sampled=False)  # scored: a measurement
+    exps = [make_experience(groups, task, c, version=0, device=params[0].device) for c in cfgs]
+    for exp, c in zip(exps, cfgs):
+        if c.exact_forward:
+            exp.exact = exact_values(exp, engine, c, engine_sampled=False)  # scored: a measurement
+    tokens = [float(exp.mask.sum()) for exp in exps]
+    held = [[None] * len(params) for _ in cfgs]  # each cfg's .grad between its backwards
     saved = [p.grad for p in params]
-    for p in params:
-        p.grad = None
     try:
-        for _ in backward_loss(policy, exp, list(range(len(exp.responses))), float(exp.mask.sum()),
-                               cfg, scored=False):
-            pass
-        grads = [torch.zeros_like(p) if p.grad is None else p.grad.detach() for p in params]
+        for mb, lp, mask, ent in trainer_forwards(policy, exps[0], list(range(len(exps[0].responses))),
+                                                  cfgs[0], with_entropy=True):
+            t = lp.shape[1]
+            for i, (exp, c) in enumerate(zip(exps, cfgs)):  # as update.backward_loss, unscored
+                values = exp.forward_values(lp, mb)
+                exp.trainer[mb, :t], exp.entropy[mb, :t] = values.detach(), ent.detach()
+                old, weights = old_logprobs_and_weights(mask, exp.stale[mb, :t], values.detach(),
+                                                        exp.engine[mb, :t], c)
+                exp.old[mb, :t], exp.weights[mb, :t] = old, weights
+                loss, _ = policy_loss(values, old, exp.advantages[mb], mask, weights, tokens[i],
+                                      c.clip_eps_low, c.clip_eps_high)
+                for p, g in zip(params, held[i]):
+                    p.grad = g
+                loss.backward(retain_graph=i < len(cfgs) - 1)
+                held[i] = [p.grad for p in params]
+        return [([torch.zeros_like(p) if g is None else g.detach() for p, g in zip(params, grads)], exp)
+                for grads, exp in zip(held, exps)]
     finally:
         for p, g in zip(params, saved):
             p.grad = g
-    return grads, exp
+
+
+def batch_gradient(policy, groups: list, task, cfg: GRPOConfig, engine=None):
+    """(gradient per parameter, the Experience its forward filled) of one cfg (variant_gradients)."""
+    return variant_gradients(policy, groups, task, [cfg], engine)[0]
 
 
 def compare_gradients(grads: list[torch.Tensor], ref: list[torch.Tensor]) -> dict[str, float]:
@@ -102,21 +133,30 @@ def compare_gradients(grads: list[torch.Tensor], ref: list[torch.Tensor]) -> dic
 
 
 def batch_rows(policy, engine, groups: list, task, settings: AblateSettings) -> list[dict]:
-    """Every variant's gradient of the same batch against the reference's: one row each."""
+    """Every variant's gradient of the same batch against the reference's: one row each. The
+    variants of one forward (the reference's four on the fp32 masters; the fix and the exact fix
+    on the rounded ones) share it (variant_gradients), the reference's first."""
     dtype = engine.dtype
-    ref_cfg = variant_config(settings, "reference", dtype)
-    ref, ref_exp = batch_gradient(policy, groups, task, ref_cfg)
+    cfgs = {v: variant_config(settings, v, dtype) for v in GRADIENT_VARIANTS}
+    by_forward: dict[tuple, list[str]] = {}
+    for v in sorted(GRADIENT_VARIANTS, key=lambda v: v != "reference"):
+        by_forward.setdefault(forward_key(cfgs[v]), []).append(v)
+    found, ref = {}, None
+    for names in by_forward.values():
+        for v, (grads, exp) in zip(names, variant_gradients(policy, groups, task, [cfgs[v] for v in names], engine)):
+            ref = ref or (grads, exp)  # the reference's group comes first, the reference first in it
+            found[v] = (compare_gradients(grads, ref[0]), exp)
+        del grads
+    ref_exp = ref[1]
     mask = ref_exp.mask
     gap = (ref_exp.engine - ref_exp.trainer)[mask].double().abs()  # the trainer's own log-probs
     rows = []
     for variant in GRADIENT_VARIANTS:
-        cfg = variant_config(settings, variant, dtype)
-        grads, exp = (ref, ref_exp) if variant == "reference" else \
-            batch_gradient(policy, groups, task, cfg, engine)
+        cfg, (compared, exp) = cfgs[variant], found[variant]
         ratio = torch.exp(exp.trainer - exp.old)[mask].double()  # as the loss sees it
         rows.append({"engine_dtype": dtype, "variant": variant, "weight_dtype": cfg.weight_dtype,
                      "old_logprobs": cfg.old_logprobs, "is_correction": cfg.is_correction,
-                     "exact_forward": cfg.exact_forward, **compare_gradients(grads, ref),
+                     "exact_forward": cfg.exact_forward, **compared,
                      "ratio_max_dev": float((ratio - 1).abs().max()),
                      "weight_mean": float(exp.weights[mask].double().mean()),
                      "num_tokens": int(mask.sum()), "gap_mean": float(gap.mean()),

@@ -82,15 +82,21 @@ def micro_batches(rows, prompts, responses, size: int, max_tokens: int | None = 
     return batches + [current] if current else batches
 
 
-def forwards(policy, exp: Experience, rows, cfg: GRPOConfig, with_entropy: bool):
-    """(rows, log-probs [b, t] as the loss sees them, mask [b, t], entropy) per micro-batch."""
+def trainer_forwards(policy, exp: Experience, rows, cfg: GRPOConfig, with_entropy: bool):
+    """(rows, the trainer's own log-probs [b, t], mask [b, t], entropy) per micro-batch."""
     for mb in micro_batches(rows, exp.prompts, exp.responses, cfg.micro_batch_size, cfg.micro_batch_tokens):
         lp, mask, ent = policy.token_logprobs([exp.prompts[i] for i in mb], [exp.responses[i] for i in mb],
                                               temperature=cfg.temperature, weight_dtype=cfg.weight_dtype,
                                               compute_dtype=cfg.compute_dtype, with_entropy=with_entropy,
                                               attention=cfg.attention)
         index = to_device(torch.tensor(mb, dtype=torch.long), exp.mask.device)  # not a list: its
-        yield index, exp.forward_values(lp, index), mask, ent  # upload would wait for the GPU
+        yield index, lp, mask, ent  # upload would wait for the GPU
+
+
+def forwards(policy, exp: Experience, rows, cfg: GRPOConfig, with_entropy: bool):
+    """(rows, log-probs [b, t] as the loss sees them, mask [b, t], entropy) per micro-batch."""
+    for index, lp, mask, ent in trainer_forwards(policy, exp, rows, cfg, with_entropy):
+        yield index, exp.forward_values(lp, index), mask, ent
 
 
 def score(policy, exp: Experience, cfg: GRPOConfig) -> None:
