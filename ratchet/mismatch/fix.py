@@ -47,10 +47,11 @@ def short_gap(metrics: dict[str, float]) -> dict[str, float]:
     return {short: float(metrics.get(key, np.nan)) for key, short in GAP_COLUMNS.items()}
 
 
-def fix_runs(setup: Setup, settings: AblateSettings, log=None, laps=None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Each of `settings.fix_runs` (fix_run), one after another: (steps, runs) concatenated in
-    that order."""
-    parts = [fix_run(setup, settings, name, log=log, laps=laps) for name in settings.fix_runs]
+def fix_runs(setup: Setup, settings: AblateSettings, names=None, log=None,
+             laps=None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Each of `names` (default `settings.fix_runs`; fix_run), one after another: (steps, runs)
+    concatenated in that order."""
+    parts = [fix_run(setup, settings, name, log=log, laps=laps) for name in names or settings.fix_runs]
     return gather([p[0] for p in parts]), gather([p[1] for p in parts])
 
 

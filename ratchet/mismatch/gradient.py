@@ -75,8 +75,7 @@ def variant_gradients(policy, groups: list, task, cfgs: list[GRPOConfig], engine
     each gradient is the bits of batch_gradient alone (tests/test_gradient_error.py). The
     parameters' .grad are left as found."""
     from ratchet.rl.experience import make_experience
-    from ratchet.rl.loss import policy_loss
-    from ratchet.rl.update import exact_values, old_logprobs_and_weights, trainer_forwards
+    from ratchet.rl.update import exact_values, scoring_loss, trainer_forwards
 
     if len({forward_key(c) for c in cfgs}) != 1:
         raise ValueError(f"variant_gradients: the cfgs' forwards differ {sorted({forward_key(c) for c in cfgs})}")
@@ -91,15 +90,8 @@ def variant_gradients(policy, groups: list, task, cfgs: list[GRPOConfig], engine
     try:
         for mb, lp, mask, ent in trainer_forwards(policy, exps[0], list(range(len(exps[0].responses))),
                                                   cfgs[0], with_entropy=True):
-            t = lp.shape[1]
             for i, (exp, c) in enumerate(zip(exps, cfgs)):  # as update.backward_loss, unscored
-                values = exp.forward_values(lp, mb)
-                exp.trainer[mb, :t], exp.entropy[mb, :t] = values.detach(), ent.detach()
-                old, weights = old_logprobs_and_weights(mask, exp.stale[mb, :t], values.detach(),
-                                                        exp.engine[mb, :t], c)
-                exp.old[mb, :t], exp.weights[mb, :t] = old, weights
-                loss, _ = policy_loss(values, old, exp.advantages[mb], mask, weights, tokens[i],
-                                      c.clip_eps_low, c.clip_eps_high)
+                loss, _ = scoring_loss(exp, mb, exp.forward_values(lp, mb), mask, ent, tokens[i], c)
                 for p, g in zip(params, held[i]):
                     p.grad = g
                 loss.backward(retain_graph=i < len(cfgs) - 1)
@@ -146,7 +138,7 @@ def batch_rows(policy, engine, groups: list, task, settings: AblateSettings) -> 
         for v, (grads, exp) in zip(names, variant_gradients(policy, groups, task, [cfgs[v] for v in names], engine)):
             ref = ref or (grads, exp)  # the reference's group comes first, the reference first in it
             found[v] = (compare_gradients(grads, ref[0]), exp)
-        del grads
+        del grads  # the group's last gradients, before the next group's are made (ref's stay)
     ref_exp = ref[1]
     mask = ref_exp.mask
     gap = (ref_exp.engine - ref_exp.trainer)[mask].double().abs()  # the trainer's own log-probs

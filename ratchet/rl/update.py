@@ -159,19 +159,26 @@ def backward_loss(policy, exp: Experience, rows: list[int], num_tokens: float, c
     after each. Unless `scored`, each micro-batch's forward is its scoring one: it fills the
     trainer's side of `exp`. Yields (loss, sums) as 0-d tensors."""
     for mb, lp, mask, ent in forwards(policy, exp, rows, cfg, with_entropy=not scored):
-        t = lp.shape[1]  # [b, t]
         if scored:
-            old, weights = exp.old[mb, :t], exp.weights[mb, :t]
+            t = lp.shape[1]  # [b, t]
+            loss, sums = policy_loss(lp, exp.old[mb, :t], exp.advantages[mb], mask, exp.weights[mb, :t],
+                                     num_tokens, cfg.clip_eps_low, cfg.clip_eps_high)
         else:
-            before = lp.detach()
-            exp.trainer[mb, :t], exp.entropy[mb, :t] = before, ent.detach()
-            old, weights = old_logprobs_and_weights(mask, exp.stale[mb, :t], before,
-                                                    exp.engine[mb, :t], cfg)
-            exp.old[mb, :t], exp.weights[mb, :t] = old, weights
-        loss, sums = policy_loss(lp, old, exp.advantages[mb], mask, weights, num_tokens,
-                                 cfg.clip_eps_low, cfg.clip_eps_high)
+            loss, sums = scoring_loss(exp, mb, lp, mask, ent, num_tokens, cfg)
         (loss * scale if scale != 1.0 else loss).backward()
         yield loss.detach(), sums  # tensors: reading them here would stall the GPU's queue
+
+
+def scoring_loss(exp: Experience, mb, lp: torch.Tensor, mask, ent, num_tokens: float, cfg: GRPOConfig):
+    """(loss, sums) of a micro-batch whose forward is its scoring one: `lp` (as the loss sees
+    them) and the entropy fill the trainer's side of `exp`, and with them its old log-probs and
+    loss weights."""
+    t = lp.shape[1]  # [b, t]
+    before = lp.detach()
+    exp.trainer[mb, :t], exp.entropy[mb, :t] = before, ent.detach()
+    old, weights = old_logprobs_and_weights(mask, exp.stale[mb, :t], before, exp.engine[mb, :t], cfg)
+    exp.old[mb, :t], exp.weights[mb, :t] = old, weights
+    return policy_loss(lp, old, exp.advantages[mb], mask, weights, num_tokens, cfg.clip_eps_low, cfg.clip_eps_high)
 
 
 def step_metrics(exp: Experience, totals: dict, cfg: GRPOConfig, comm: Comm) -> dict[str, float]:

@@ -266,7 +266,7 @@ def ablate_fix_run(cfg: dict, run, remedy: str) -> None:
     """One run of ablate_fix (a remedy of FIX_RUNS; a job each, so that they run side by side:
     ablate.parallel_jobs), or `all`: every run of ablate.fix_runs in turn, in one process."""
     from ratchet.mismatch.ablation import EVERY, FIX_RUNS
-    from ratchet.mismatch.fix import fix_run, gather
+    from ratchet.mismatch.fix import fix_runs
 
     if remedy not in (*FIX_RUNS, EVERY):
         raise ValueError(f"ablate_fix_run: remedy={remedy!r} is not one of {(*FIX_RUNS, EVERY)}")
@@ -288,8 +288,7 @@ def ablate_fix_run(cfg: dict, run, remedy: str) -> None:
         progress.update(names.index(name) * settings.fix_steps + step + 1, f"{name} reward {row['reward']:.3f}")
 
     laps = Laps()
-    parts = [fix_run(setup, settings, name, log=log, laps=laps) for name in names]
-    steps, summary = gather([p[0] for p in parts]), gather([p[1] for p in parts])
+    steps, summary = fix_runs(setup, settings, names, log=log, laps=laps)
     print(f"[ablate_fix_run] {'its runs' if len(names) > 1 else 'its run'} in {laps.line()}", flush=True)
     print("[ablate_fix_run] after training:\n" + summary.to_string(index=False), flush=True)
     write_parquet(paths.fix_run_steps(remedy), steps)

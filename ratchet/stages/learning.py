@@ -11,10 +11,9 @@ import numpy as np
 import pandas as pd
 
 from ratchet.atomic import write_json, write_parquet
-from ratchet.errors import MissingInputError
 from ratchet.paths import RunPaths
 from ratchet.progress import Progress
-from ratchet.stages.ablate import FIX_METRICS
+from ratchet.stages.ablate import FIX_METRICS, read_part
 from ratchet.stages.registry import writes
 
 
@@ -71,12 +70,9 @@ def read_runs(cfg: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
     paths = RunPaths.from_config(cfg)
     steps, answers = [], []
     for job in LearningSettings.from_config(cfg).jobs():
+        makes = f"ablate_learning_run --job dtype={job['dtype']} --job remedy={job['remedy']}"
         for path, into in ((paths.learning_steps(**job), steps), (paths.learning_answers(**job), answers)):
-            if not path.is_file():
-                raise MissingInputError(
-                    f"ablate_learning: input {path} does not exist; run `snakemake ablate_learning` "
-                    f"(or `ratchet ablate_learning_run --job dtype={job['dtype']} --job remedy={job['remedy']}`)")
-            into.append(pd.read_parquet(path))
+            into.append(read_part(path, "ablate_learning", makes))
     return pd.concat(steps, ignore_index=True), pd.concat(answers, ignore_index=True)
 
 

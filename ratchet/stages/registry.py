@@ -64,14 +64,17 @@ def _prepared(p: RunPaths) -> list[Path]:
 
 
 def _gradient_jobs(cfg: dict) -> list[dict[str, str]]:
-    """One a dtype with ablate.parallel_jobs; none without (ablate_decompose measures them)."""
-    return [{"dtype": d} for d in cfg["ablate"]["engine_dtypes"]] if cfg["ablate"]["parallel_jobs"] else []
+    """The gradients' parts of one dtype each; none without ablate.parallel_jobs (its one part
+    `all` is ablate_decompose's)."""
+    from ratchet.mismatch.ablation import EVERY, gradient_parts
+
+    return [{"dtype": d} for d in gradient_parts(cfg["ablate"]) if d != EVERY]
 
 
 def _gradient_in_decompose(p: RunPaths, cfg: dict) -> list[Path]:
-    from ratchet.mismatch.ablation import EVERY
+    from ratchet.mismatch.ablation import EVERY, gradient_parts
 
-    return [] if cfg["ablate"]["parallel_jobs"] else [p.gradient_part(EVERY)]
+    return [p.gradient_part(d) for d in gradient_parts(cfg["ablate"]) if d == EVERY]
 
 
 def _fix_jobs(cfg: dict) -> list[dict[str, str]]:
