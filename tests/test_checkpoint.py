@@ -45,15 +45,15 @@ def test_save_load_latest_and_pruning(tmp_path):
     assert {p.suffix for p in (tmp_path / "step-000006").iterdir()} == {".safetensors", ".json"}
 
 
-def test_a_checkpoint_written_behind_the_run_is_the_one_written_in_place(tmp_path, monkeypatch):
+def test_a_checkpoint_written_behind_the_run_is_the_one_written_in_place(tmp_path, monkeypatch, capsys):
     """CheckpointWriter takes the tensors and the state as they are when asked (the run goes
     on changing both while the thread writes), writes the same files as save_checkpoint, keeps
-    as many, and raises a failed write at the next wait."""
+    as many, says when each is written, and raises a failed write at the next wait."""
     weights = torch.randn(64, 32)
     rows = [{"step": 1}]
     tensors = {"policy": {"a.weight": weights}, "rng": {"torch_cpu": torch.get_rng_state()}}
     save_checkpoint(tmp_path / "in_place", 2, tensors, {"digest": "x", "rows": rows}, keep=1)
-    writer = CheckpointWriter()
+    writer = CheckpointWriter("[colocated]")
     writer.save(tmp_path / "behind", 2, tensors, {"digest": "x", "rows": rows}, keep=1)
     kept = weights.clone()
     weights.add_(1.0)  # the next step, while the write may be in flight
@@ -64,6 +64,8 @@ def test_a_checkpoint_written_behind_the_run_is_the_one_written_in_place(tmp_pat
             (tmp_path / "in_place" / "step-000002" / name).read_bytes(), name
     got, state = load_checkpoint(latest_checkpoint(tmp_path / "behind", "x"))
     assert torch.equal(got["policy"]["a.weight"], kept) and state["rows"] == [{"step": 1}]
+    said = capsys.readouterr().out
+    assert said.startswith("[colocated] checkpoint step-000002 written: 0.00 GB in ") and said.count("\n") == 1
     writer.save(tmp_path / "behind", 4, tensors, {"digest": "x", "rows": rows}, keep=1)
     writer.wait()
     assert [p.name for p in list_checkpoints(tmp_path / "behind")] == ["step-000004"]
@@ -77,6 +79,7 @@ def test_a_checkpoint_written_behind_the_run_is_the_one_written_in_place(tmp_pat
     writer.save(tmp_path / "behind", 6, tensors, {"digest": "x"}, keep=1)
     with pytest.raises(OSError, match="No space left"):
         writer.close()
+    assert "step-000006" not in capsys.readouterr().out  # a failed write is not said written
 
 
 def test_optimizer_and_rng_round_trip_bit_exactly():
@@ -131,13 +134,17 @@ def sigkill_and_resume(tmp_path: Path, cfg: dict, profile: Path, mode: str, over
     if not alongside:
         _finished(uninterrupted, tmp_path / "uninterrupted.log")
 
-    # a random step with a checkpoint behind it and steps left after it
+    # a random step with steps left after it, once a checkpoint is written: the files are written
+    # behind the steps (seconds at 0.5B on a GPU, where a step is under one), so a kill before
+    # the first "written" line would resume from nothing
     kill_after = random.Random(os.getpid()).randrange(every + 1, steps - 1)
     log = open(tmp_path / "killed.log", "w")
     proc = subprocess.Popen(_cli(mode, profile, results, *overrides), env=env, stdout=subprocess.PIPE,
                             stderr=log, text=True)
-    for line in proc.stdout:  # kill mid-run, as soon as step `kill_after` is logged
-        if line.startswith(f"[{mode}] step") and int(line.split()[2]) >= kill_after:
+    written = False
+    for line in proc.stdout:  # kill mid-run, at the first step from `kill_after` on after a checkpoint
+        written = written or line.startswith(f"[{mode}] checkpoint step-")
+        if written and line.startswith(f"[{mode}] step") and int(line.split()[2]) >= kill_after:
             os.kill(proc.pid, signal.SIGKILL)
             break
     proc.wait(timeout=60)
@@ -188,7 +195,7 @@ def test_sigkilled_gpu_training_of_the_real_model_resumes_to_the_same_weights(tm
         pytest.skip("needs the real model (.cache/real) and GSM8K (../shared/data/gsm8k)")
     from ratchet.stages import run_stage
 
-    steps, every = 6, 2
+    steps, every = 8, 2
     overrides = (f"train.steps={steps}", f"train.checkpoint_every={every}", "train.eval_every=0",
                  "train.compute_dtype=bf16", "train.keep_checkpoints=1")
     profile = ROOT / "config" / "local.yaml"

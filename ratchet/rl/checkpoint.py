@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 
 import torch
@@ -57,18 +58,30 @@ class CheckpointWriter:
     written to text at once (the run goes on changing both), the files by a thread while the
     next steps train (at 0.5B a checkpoint is ~7 GB, seconds of disk). One write in flight at
     a time; `wait()` (before the next, and before the run's outputs) raises what it raised. A
-    run killed mid-write leaves a temporary directory, which resuming removes, as before."""
+    run killed mid-write leaves a temporary directory, which resuming removes, as before. Each
+    finished write is printed under `label`: until that line a kill resumes from the one before."""
 
-    def __init__(self):
+    def __init__(self, label: str = "[train]"):
         from concurrent.futures import ThreadPoolExecutor
 
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ratchet-checkpoint")
         self._pending = None
+        self.label = label
 
     def save(self, root: str | Path, step: int, tensors: dict[str, dict[str, torch.Tensor]], state: dict,
              keep: int = 2) -> None:
         self.wait()
-        self._pending = self._pool.submit(_write, Path(root), step, *_snapshot(step, tensors, state), keep)
+        self._pending = self._pool.submit(self._write_and_say, Path(root), step, *_snapshot(step, tensors, state),
+                                          keep)
+
+    def _write_and_say(self, root: Path, step: int, host: dict, state_text: str, keep: int) -> Path:
+        start = time.perf_counter()
+        final = _write(root, step, host, state_text, keep)
+        size = sum(t.numel() * t.element_size() for group in host.values() for t in group.values())
+        # one write call: the training thread prints its step lines at the same time
+        print(f"{self.label} checkpoint {final.name} written: {size / 1e9:.2f} GB in "
+              f"{time.perf_counter() - start:.1f} s\n", end="", flush=True)
+        return final
 
     def wait(self) -> None:
         pending, self._pending = self._pending, None

@@ -85,7 +85,7 @@ def colocated_worker(job: Job, rank: int, world: int, port: int | None, log=None
         relog(rows, log if rank == 0 else None)
 
     telemetry = SyncTelemetry(policy, cfg.engine_dtype)  # what each sync carries to the engine
-    writer = CheckpointWriter() if job.checkpoints and rank == 0 else None  # writes behind the steps
+    writer = CheckpointWriter("[colocated]") if job.checkpoints and rank == 0 else None  # writes behind the steps
     laps("telemetry")
     if rank == 0:
         print(f"[colocated] ready in {laps.line()}", flush=True)

@@ -143,7 +143,7 @@ def trainer_loop(job: Job, link, log=None, loaded: tuple | None = None) -> dict:
     # weights version -> checksums of what the engine should hold (sync/weights_parity)
     expected = {engine_version: dict(zip(engine_weights, torch_checksums(engine_weights.values())))}
     telemetry = SyncTelemetry(policy, cfg.engine_dtype, held=engine_weights)
-    writer = CheckpointWriter() if job.checkpoints else None  # writes behind the steps
+    writer = CheckpointWriter("[split]") if job.checkpoints else None  # writes behind the steps
     laps("telemetry")
     print(f"[split] trainer ready in {laps.line()}", flush=True)
     last_needed = cfg.steps - 1 - cfg.ahead  # the newest version the engine will ask for
