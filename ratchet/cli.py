@@ -127,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args = _parser(name).parse_intermixed_args(argv[1:])  # overrides before or after --config
     args.stage = name
+    cfg = None
     try:
         cfg = _config(args)
         if args.stage == "config":
@@ -150,6 +151,13 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as e:  # bad config, data, model files, a missing input, the store: one line
         print(f"ratchet: {e}", file=sys.stderr)
         return 2
+    except Exception as e:  # the GPU's memory run out: one line naming the settings to change
+        from ratchet.gpu_oom import is_gpu_oom, oom_message
+
+        if cfg is None or not is_gpu_oom(e):
+            raise
+        print(f"ratchet: {oom_message(args.stage, cfg, e)}", file=sys.stderr)
+        return 3
     return 0
 
 

@@ -55,6 +55,26 @@ def gpu_memory_wanted(stage: str, cfg: dict) -> float:
     return float(wanted.get("default") or 0 if own is None else own)
 
 
+# the settings that set a GPU stage's peak memory, the likeliest lever first: a stage that runs
+# out of GPU memory names them, with their values (ratchet/gpu_oom.py)
+_TRAINER_KNOBS = ("train.micro_batch_tokens", "train.micro_batch_size")
+_ABLATION_KNOBS = ("ablate.micro_batch_tokens", "ablate.micro_batch_size")
+_ENGINE_KNOBS = ("engine.max_batch_size", "engine.max_seq_len")
+
+
+def memory_knobs(stage: str) -> tuple[str, ...]:
+    """The config keys that set a GPU stage's peak GPU memory (none for a stage off the GPU)."""
+    if stage not in GPU_STAGES:
+        return ()
+    if stage == "ablate_decompose_vllm":
+        return ("engine.vllm.gpu_memory_utilization", *_ABLATION_KNOBS)
+    if stage.startswith("ablate_"):
+        return _ABLATION_KNOBS
+    if stage in ("train_colocated", "train_split", "verify"):
+        return _TRAINER_KNOBS
+    return _ENGINE_KNOBS
+
+
 def _trained(mode: str) -> Callable[[RunPaths], list[Path]]:
     return lambda p: [p.train_metrics(mode), p.train_trace(mode), p.train_summary(mode), p.train_manifest(mode)]
 

@@ -1,0 +1,58 @@
+"""A GPU stage that runs out of memory fails with one line that says what to change: the
+settings that set its peak, with their values, and the GiB the profile states for it. That is
+the line Snakemake shows from the failed rule's log, where a traceback through torch or CuPy
+would end in an allocator's numbers and no setting of ours."""
+
+from __future__ import annotations
+
+from ratchet.stages.registry import gpu_memory_wanted, memory_knobs
+
+# torch.OutOfMemoryError, cupy.cuda.memory.OutOfMemoryError; the rest as CUDA, cuBLAS and an
+# engine process's relayed error word it
+_CLASS = "OutOfMemoryError"
+_PACKAGES = ("torch", "cupy", "cupy_backends")
+_TEXTS = ("CUDA out of memory", "cudaErrorMemoryAllocation", "CUBLAS_STATUS_ALLOC_FAILED",
+          "CUDA_ERROR_OUT_OF_MEMORY")
+
+
+def is_gpu_oom(exc: BaseException | None) -> bool:
+    """Whether `exc`, or an error it was raised from or while handling, is the GPU's memory running out."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        kind = type(exc)
+        if kind.__name__ == _CLASS and kind.__module__.split(".")[0] in _PACKAGES:
+            return True
+        if any(text in str(exc) for text in _TEXTS):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _value(cfg: dict, key: str):
+    node = cfg
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def oom_message(stage: str, cfg: dict, exc: BaseException) -> str:
+    """One line: what ran out, the settings that set the stage's peak, and what to try."""
+    said = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    said = said if len(said) <= 160 else said[:157] + "..."
+    knobs = memory_knobs(stage)
+    values = ", ".join(f"{k}={'null' if (v := _value(cfg, k)) is None else v}" for k in knobs)
+    line = f"{stage} ran out of GPU memory ({said})."
+    if knobs:
+        line += f" Its peak follows {values}: lower one"
+        example = next((f"{k}={v // 2}" for k in knobs if isinstance(v := _value(cfg, k), int) and v > 1), None)
+        if example:
+            line += f" (say {example}: an override after the stage's command, or snakemake --config set='{example}')"
+        line += "."
+    stated = gpu_memory_wanted(stage, cfg)
+    if stated > 0:
+        line += (f" The profile states {stated:g} GiB for it (gpu_memory_gib): if other GPU jobs ran beside it,"
+                 " raise that, or run one GPU job at a time (--resources gpu_jobs=1).")
+    else:
+        line += " If other GPU jobs ran beside it, run one at a time (--resources gpu_jobs=1)."
+    return line
