@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -144,7 +145,8 @@ def sigkill_and_resume(tmp_path: Path, cfg: dict, profile: Path, mode: str, over
     written = False
     for line in proc.stdout:  # kill mid-run, at the first step from `kill_after` on after a checkpoint
         written = written or line.startswith(f"[{mode}] checkpoint step-")
-        if written and line.startswith(f"[{mode}] step") and int(line.split()[2]) >= kill_after:
+        step = re.match(rf"\[{mode}\] step (\d+)", line)
+        if written and step and int(step.group(1)) >= kill_after:
             os.kill(proc.pid, signal.SIGKILL)
             break
     proc.wait(timeout=60)
