@@ -145,7 +145,7 @@ def sigkill_and_resume(tmp_path: Path, cfg: dict, profile: Path, mode: str, over
     written = False
     for line in proc.stdout:  # kill mid-run, at the first step from `kill_after` on after a checkpoint
         written = written or line.startswith(f"[{mode}] checkpoint step-")
-        step = re.match(rf"\[{mode}\] step (\d+)", line)
+        step = re.match(rf"\[{mode}\] step\s+(\d+)", line)
         if written and step and int(step.group(1)) >= kill_after:
             os.kill(proc.pid, signal.SIGKILL)
             break
