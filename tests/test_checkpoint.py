@@ -66,7 +66,8 @@ def test_a_checkpoint_written_behind_the_run_is_the_one_written_in_place(tmp_pat
     got, state = load_checkpoint(latest_checkpoint(tmp_path / "behind", "x"))
     assert torch.equal(got["policy"]["a.weight"], kept) and state["rows"] == [{"step": 1}]
     said = capsys.readouterr().out
-    assert said.startswith("[colocated] checkpoint step-000002 written: 0.00 GB in ") and said.count("\n") == 1
+    assert said.startswith("[colocated] checkpoint step-000002 written: 13.2 kB in ")  # 64 x 32 fp32 and an RNG state
+    assert said.count("\n") == 1
     writer.save(tmp_path / "behind", 4, tensors, {"digest": "x", "rows": rows}, keep=1)
     writer.wait()
     assert [p.name for p in list_checkpoints(tmp_path / "behind")] == ["step-000004"]

@@ -79,7 +79,7 @@ class CheckpointWriter:
         final = _write(root, step, host, state_text, keep)
         size = sum(t.numel() * t.element_size() for group in host.values() for t in group.values())
         # one write call: the training thread prints its step lines at the same time
-        print(f"{self.label} checkpoint {final.name} written: {size / 1e9:.2f} GB in "
+        print(f"{self.label} checkpoint {final.name} written: {_bytes(size)} in "
               f"{time.perf_counter() - start:.1f} s\n", end="", flush=True)
         return final
 
@@ -93,6 +93,13 @@ class CheckpointWriter:
             self.wait()
         finally:
             self._pool.shutdown()
+
+
+def _bytes(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n / 1e3:.1f} kB"
 
 
 def list_checkpoints(root: str | Path) -> list[Path]:
