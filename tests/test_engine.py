@@ -155,6 +155,39 @@ def test_a_freed_slot_forgets_its_sequence():
     np.testing.assert_array_equal(backend.prefill(0, short, 0), want)
 
 
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_a_repeated_prompt_is_prefilled_once_with_the_same_bits(dtype, monkeypatch):
+    """prefill_batch computes a prompt that several slots share from position 0 once and copies
+    its cache rows: the logits, every cached value and the next decode step are those of
+    prefilling each slot alone; a prefill that continues a slot's cache is never shared."""
+    model = tiny_model()
+    shared, other = prompt(7, 70), prompt(8, 20)
+    slots, prompts = [0, 2, 1, 3], [shared, other, shared, shared]
+
+    def fresh_backend():
+        backend = NumpyBackend(model.cfg, dtype, max_batch_size=5, max_seq_len=128)
+        backend.load_weights(model.weights)
+        return backend
+
+    alone = fresh_backend()
+    want = np.stack([alone.prefill(s, p, 0) for s, p in zip(slots, prompts)])
+    batched = fresh_backend()
+    computed = []
+    monkeypatch.setattr(batched, "prefill", lambda slot, ids, start=0: computed.append(slot)
+                        or NumpyBackend.prefill(batched, slot, ids, start))
+    got = batched.prefill_batch(slots, prompts)
+    assert computed == [0, 2]  # slots 1 and 3 copied slot 0's rows
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(batched.cache.data, alone.cache.data)
+    np.testing.assert_array_equal(batched.cache.lengths, alone.cache.lengths)
+    step = dict(slots=[3, 1, 0], tokens=[5, 6, 7], positions=[70, 70, 70])
+    np.testing.assert_array_equal(batched.decode(**step), alone.decode(**step))
+    # from a later position the slot's own cache matters: computed for each slot
+    computed.clear()
+    batched.prefill_batch([0, 1], [[9, 9], [9, 9]], start_positions=[71, 71])
+    assert computed == [0, 1]
+
+
 # ------------------------------------------------------------------ engine invariances
 
 @pytest.mark.parametrize("greedy", [False, True])

@@ -103,10 +103,23 @@ class NumpyBackend:
 
     def prefill_batch(self, slots: Sequence[int], token_lists: Sequence[Sequence[int]],
                       start_positions: Sequence[int] | None = None) -> np.ndarray:
+        """Each slot's prompt, in turn. A prompt from position 0 that an earlier slot of the call
+        prefilled (a GRPO group's answers share theirs) is computed once and its cache rows
+        copied: a row's arithmetic does not depend on its slot, so the bits are the same."""
         starts = [0] * len(slots) if start_positions is None else start_positions
         assert len(set(slots)) == len(slots), "prefill slots must be distinct"
-        return np.stack([self.prefill(slot, ids, start)
-                         for slot, ids, start in zip(slots, token_lists, starts)])
+        rows, done = [], {}  # prompt -> (the slot that holds it, its last logits)
+        for slot, ids, start in zip(slots, token_lists, starts):
+            key = tuple(int(t) for t in ids) if start == 0 else None
+            if key in done:
+                source, logits = done[key]
+                self.cache.copy(source, slot, len(key))
+            else:
+                logits = self.prefill(slot, ids, start)
+                if key is not None:
+                    done[key] = (slot, logits)
+            rows.append(logits)
+        return np.stack(rows)
 
     def prefill_sample(self, slots, token_lists, batch: SamplingBatch) -> tuple[np.ndarray, np.ndarray]:
         return sample(self.prefill_batch(slots, token_lists), batch)

@@ -29,6 +29,13 @@ class KVCache:
         self.data[slot, :, :, :, : self.lengths[slot]] = 0
         self.lengths[slot] = 0
 
+    def copy(self, source: int, slot: int, length: int) -> None:
+        """Give `slot` the first `length` cached positions of `source`, as a prefill of the same
+        prompt from position 0 would write them (what lies beyond is left, as a prefill leaves it)."""
+        assert length <= self.lengths[source], f"slot {source} holds {self.lengths[source]} positions, not {length}"
+        self.data[slot, :, :, :, :length] = self.data[source, :, :, :, :length]
+        self.lengths[slot] = length
+
     def read(self, layer: int, slots, num_keys: int) -> tuple[np.ndarray, np.ndarray]:
         """keys, values [R or 1, K, n, hd], n = num_keys rounded up to whole key blocks."""
         n = -(-num_keys // KEY_BLOCK) * KEY_BLOCK
