@@ -134,3 +134,16 @@ def test_the_gpu_stages_are_the_rules_that_take_gpu_jobs():
     schema = yaml.safe_load((ROOT / "ratchet" / "schemas" / "config.schema.yaml").read_text())
     # the GPU memory a profile may state: one key a GPU stage, and a default
     assert set(schema["properties"]["gpu_memory_gib"]["properties"]) == {"default", *registry.GPU_STAGES}
+
+
+def test_the_stages_that_gather_tables_start_without_torch():
+    """ablate_fix, ablate_gradient and ablate_learning only read parquet parts: their modules
+    (and the timers they share with the GPU stages, rl/runtime.py) import no torch, whose import
+    is ~3 s of each such process on a small CPU."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nimport ratchet.stages.ablate, ratchet.stages.learning, ratchet.rl.runtime\n"
+            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

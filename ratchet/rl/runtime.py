@@ -1,5 +1,7 @@
 """The process a GRPO worker runs in: thread counts, determinism, its device, and the
-worker processes it starts (torch.multiprocessing)."""
+worker processes it starts (torch.multiprocessing). torch is imported where it is used: the
+stages that only gather tables import this module for its timers, and a process start that
+imports torch costs ~3 s on a small CPU."""
 
 from __future__ import annotations
 
@@ -8,14 +10,14 @@ import sys
 import threading
 import time
 
-import torch
-
 SMALL_MODEL_PARAMS = 50_000_000  # below this one torch thread beats several (start-up, spinning)
 
 
 def configure_threads(model_cfg, num_processes: int = 1) -> None:
     """One torch thread for a small model; else this process' share of the cores. (A fixed
     choice per setting: the thread count can change float sums, so reruns must agree.)"""
+    import torch
+
     from ratchet.model.layout import num_parameters
 
     if num_parameters(model_cfg) < SMALL_MODEL_PARAMS:
@@ -26,6 +28,8 @@ def configure_threads(model_cfg, num_processes: int = 1) -> None:
 
 
 def set_determinism(seed: int) -> None:
+    import torch
+
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS on GPU
     torch.manual_seed(seed)
     torch.use_deterministic_algorithms(True)
@@ -34,6 +38,8 @@ def set_determinism(seed: int) -> None:
 def worker_device(trainer_device: str, rank: int, world: int) -> tuple[str, str, int | None]:
     """(torch device of this worker's trainer, torch.distributed backend, the GPU its engine
     runs on): NCCL when every worker has a GPU of its own, else gloo (CPU tensors)."""
+    import torch
+
     if trainer_device == "cpu":
         return "cpu", "gloo", None
     if torch.cuda.device_count() >= world:
