@@ -117,14 +117,34 @@ def _cli(mode: str, profile: Path, results: Path, *overrides: str) -> list[str]:
             "--config", str(profile)]
 
 
+# For the killed run: each checkpoint written behind the run takes `seconds` longer, as a GPU
+# run's 7 GB do against its sub-second steps (the tiny model's take no time at all).
+SLOW_WRITES = """
+import time
+import ratchet.rl.checkpoint as checkpoint
+_write = checkpoint._write
+def _slow_write(*args, **kwargs):
+    time.sleep({seconds})
+    return _write(*args, **kwargs)
+checkpoint._write = _slow_write
+"""
+
+
 def sigkill_and_resume(tmp_path: Path, cfg: dict, profile: Path, mode: str, overrides: tuple, steps: int,
-                       every: int, alongside: bool = False) -> None:
+                       every: int, alongside: bool = False, slow_writes_s: float = 0.0) -> None:
     """`python -m ratchet train_<mode>`, killed with SIGKILL at a random step and rerun, ends
     with the weights, model file and trace of an uninterrupted run (prepared under `results`);
-    `alongside`: the uninterrupted run goes on at the same time (the CPU's second core)."""
+    `alongside`: the uninterrupted run goes on at the same time (the CPU's second core);
+    `slow_writes_s`: the killed run's checkpoint writes take that much longer (sitecustomize)."""
     from ratchet.paths import RunPaths
 
     env = {**os.environ, "RATCHET_TRACKING": "off"}
+    killed_env = dict(env)
+    if slow_writes_s > 0:
+        hook = tmp_path / "slow_writes"
+        hook.mkdir()
+        (hook / "sitecustomize.py").write_text(SLOW_WRITES.format(seconds=slow_writes_s))
+        killed_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(hook), str(ROOT), env.get("PYTHONPATH")]))
     paths = RunPaths.from_config(cfg)
     results = Path(cfg["results_dir"])
     # the uninterrupted run, elsewhere (a copy of the prepared model and data)
@@ -141,7 +161,7 @@ def sigkill_and_resume(tmp_path: Path, cfg: dict, profile: Path, mode: str, over
     # the first "written" line would resume from nothing
     kill_after = random.Random(os.getpid()).randrange(every + 1, steps - 1)
     log = open(tmp_path / "killed.log", "w")
-    proc = subprocess.Popen(_cli(mode, profile, results, *overrides), env=env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(_cli(mode, profile, results, *overrides), env=killed_env, stdout=subprocess.PIPE,
                             stderr=log, text=True)
     written = False
     for line in proc.stdout:  # kill mid-run, at the first step from `kill_after` on after a checkpoint
@@ -179,8 +199,9 @@ def test_sigkilled_training_resumes_to_the_same_weights(tmp_path, prepare):
     overrides = (f"train.steps={steps}", f"train.checkpoint_every={every}", "train.eval_every=0",
                  "train.problems_per_step=8")
     cfg = prepare(tmp_path / "results", *overrides)
+    # the writes slower than the steps, as on a GPU: the kill must wait for a whole checkpoint
     sigkill_and_resume(tmp_path, cfg, ROOT / "config" / "config.yaml", "colocated", overrides, steps, every,
-                       alongside=True)
+                       alongside=True, slow_writes_s=1.0)
 
 
 REAL_MODEL = ROOT / ".cache" / "real" / "qwen2.5-coder-0.5b-instruct.gguf"
