@@ -12,7 +12,7 @@ from ratchet.stages.registry import gpu_memory_wanted, memory_knobs
 _CLASS = "OutOfMemoryError"
 _PACKAGES = ("torch", "cupy", "cupy_backends")
 _TEXTS = ("CUDA out of memory", "cudaErrorMemoryAllocation", "CUBLAS_STATUS_ALLOC_FAILED",
-          "CUDA_ERROR_OUT_OF_MEMORY")
+          "CUDA_ERROR_OUT_OF_MEMORY", "Out of memory allocating")  # the last: CuPy's pool
 
 
 def is_gpu_oom(exc: BaseException | None) -> bool:

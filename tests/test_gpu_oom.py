@@ -25,6 +25,7 @@ def test_what_counts_as_the_gpus_memory_running_out():
     assert is_gpu_oom(torch.OutOfMemoryError(TORCH_OOM))
     assert is_gpu_oom(RuntimeError("cudaErrorMemoryAllocation: out of memory"))  # CuPy's runtime error
     assert is_gpu_oom(RuntimeError("the engine process failed: ... CUBLAS_STATUS_ALLOC_FAILED"))
+    assert is_gpu_oom(RuntimeError("engine: OutOfMemoryError: Out of memory allocating 2,048 bytes"))  # CuPy's, relayed
     try:  # raised from one, as the split trainer re-raises its engine thread's error
         try:
             raise torch.OutOfMemoryError(TORCH_OOM)
