@@ -85,3 +85,22 @@ def test_any_other_error_keeps_its_traceback(tmp_path, monkeypatch):
     _cli_raising(monkeypatch, RuntimeError("shape mismatch"))
     with pytest.raises(RuntimeError, match="shape mismatch"):
         cli.main(["verify", "--config", str(ROOT / "config" / "local.yaml"), f"results_dir={tmp_path}"])
+
+
+def test_a_gpu_smaller_than_the_stated_peaks_is_said_at_the_start():
+    """The pipeline's start (workflow/rules/common.smk) warns where the largest GPU has less
+    memory than the profile states for some GPU rules, naming them and the settings to lower."""
+    from ratchet.preflight import check_gpu_memory, gpu_memory_shortfall
+
+    cfg = config_mod.load(ROOT / "config" / "local.yaml")
+    said = gpu_memory_shortfall(cfg, {"0": 23.6})
+    stated = cfg["gpu_memory_gib"]
+    assert said.startswith("the largest GPU here has 24 GiB, and the profile states more for ablate_decompose_vllm 80, "
+                           f"ablate_decompose {stated['ablate_decompose']:g}, ")
+    assert "eval_baseline" not in said and "build_engine" not in said  # 10 and 15 GiB fit
+    assert "ablate.micro_batch_tokens or engine.vllm.gpu_memory_utilization or train.micro_batch_tokens" in said
+    assert gpu_memory_shortfall(cfg, {"0": 139.8, "1": 23.6}) is None  # the largest fits them all
+    assert gpu_memory_shortfall(cfg, {}) is None  # nothing known (no nvidia-smi)
+    assert gpu_memory_shortfall(config_mod.load(ROOT / "config" / "config.yaml"), {"0": 8.0}) is None  # none stated
+    assert check_gpu_memory(cfg, "numpy") is None  # a CPU run: no GPU to compare
+

@@ -10,7 +10,7 @@ from snakemake.utils import validate
 
 import ratchet.config
 from ratchet.device import resolve_backend
-from ratchet.preflight import check_device
+from ratchet.preflight import check_device, check_gpu_memory
 from ratchet.tracking_store import TrackingStoreError, check_store
 from ratchet.paths import RunPaths
 from ratchet.stages import export_to_jobs, gpu_memory_wanted, settings
@@ -26,7 +26,8 @@ try:
     resolved = ratchet.config.apply_overrides(config, shlex_split(str(config.pop("set", "") or "")))
     config.clear()
     config.update(ratchet.config.validate(resolved))
-    check_device(config, resolve_backend(config["engine"]["backend"]))
+    BACKEND = resolve_backend(config["engine"]["backend"])
+    check_device(config, BACKEND)
 except (ValueError, RuntimeError) as e:  # ConfigError, InputError, resolve_backend's
     sys.exit(f"ratchet: {e}")
 validate(config, str(ratchet.config.SCHEMA_PATH))
@@ -47,6 +48,11 @@ def gpu_mem_gib(stage):
 # depends on as params, so a change reruns exactly the stages it touches.
 MAIN = workflow.is_main_process and not workflow.dryrun
 export_to_jobs(config, main_process=MAIN)
+
+# A GPU smaller than some rules' stated peaks: said once, at the start, not after the first of
+# them has run out of memory (each such rule still runs, alone on its GPU)
+if workflow.is_main_process and (shortfall := check_gpu_memory(config, BACKEND)):
+    print(f"ratchet: warning: {shortfall}", file=sys.stderr)
 
 # The tracking store answers within seconds or the pipeline stops here with one line; parent
 # runs of earlier invocations that were killed (and their RUNNING rules) are marked KILLED.
