@@ -1,11 +1,13 @@
-"""A GPU stage that runs out of memory fails with one line that says what to change: the
-settings that set its peak, with their values, and the GiB the profile states for it. That is
-the line Snakemake shows from the failed rule's log, where a traceback through torch or CuPy
-would end in an allocator's numbers and no setting of ours."""
+"""GPU memory against the profile's statements, said where the user looks. A GPU stage that runs
+out of memory fails with one line that says what to change: the settings that set its peak,
+with their values, and the GiB the profile states for it (the line Snakemake shows from the
+failed rule's log, where a traceback through torch or CuPy would end in an allocator's numbers
+and no setting of ours). And the pipeline's start warns where the largest GPU is smaller than
+some rules' stated peaks, before the first of them runs out."""
 
 from __future__ import annotations
 
-from ratchet.stages.registry import gpu_memory_wanted, memory_knobs
+from ratchet.stages.registry import GPU_STAGES, gpu_memory_wanted, memory_knobs
 
 # torch.OutOfMemoryError, cupy.cuda.memory.OutOfMemoryError; the rest as CUDA, cuBLAS and an
 # engine process's relayed error word it
@@ -56,3 +58,31 @@ def oom_message(stage: str, cfg: dict, exc: BaseException) -> str:
     else:
         line += " If other GPU jobs ran beside it, run one at a time (--resources gpu_jobs=1)."
     return line
+
+
+def gpu_memory_shortfall(cfg: dict, totals: dict[str, float]) -> str | None:
+    """A warning where the profile states more GPU memory for some GPU rules (gpu_memory_gib, a
+    measured peak with a few GiB to spare) than the largest GPU here has; None where all fit or
+    nothing is known. A warning, not an error: the statements may predate smaller settings."""
+    if not totals:
+        return None
+    largest = max(totals.values())
+    over = {s: gpu_memory_wanted(s, cfg) for s in GPU_STAGES if gpu_memory_wanted(s, cfg) > largest}
+    if not over:
+        return None
+    knobs = sorted({memory_knobs(s)[0] for s in over})
+    rules = ", ".join(f"{s} {gib:g}" for s, gib in sorted(over.items(), key=lambda kv: -kv[1]))
+    return (f"the largest GPU here has {largest:.0f} GiB, and the profile states more for {rules} GiB "
+            f"(gpu_memory_gib, measured peaks): those rules run alone on it and may run out of memory. "
+            f"Lower {' or '.join(knobs)} (then gpu_memory_gib), or use a larger GPU")
+
+
+def check_gpu_memory(cfg: dict, backend: str) -> str | None:
+    """gpu_memory_shortfall on this machine's visible GPUs, for a profile that runs on them."""
+    if backend not in ("cuda", "vllm"):
+        return None
+    from ratchet.gpu_claim import visible_gpus
+    from ratchet.gpu_memory import gpu_totals_gib
+
+    gpus = visible_gpus()
+    return gpu_memory_shortfall(cfg, gpu_totals_gib(gpus) if gpus else {})

@@ -1,7 +1,7 @@
 """Checks at the start of a pipeline or a hand-run stage, before any work: a profile made for a
 GPU must not quietly run for hours (and be killed for memory) on the NumPy engine, a training
-must not fill the disk with checkpoints halfway through, and a GPU smaller than the profile's
-rules need is said before the first of them runs out of memory."""
+must not fill the disk with checkpoints halfway through. (A GPU smaller than the profile's rules
+need: ratchet/gpu_oom.py.)"""
 
 from __future__ import annotations
 
@@ -120,32 +120,3 @@ def check_checkpoint_disk(cfg: dict, mode: str, checkpoint_dir: str | Path, free
 def _gb(n: int) -> str:
     return f"{n / 1e9:.1f} GB"
 
-
-def gpu_memory_shortfall(cfg: dict, totals: dict[str, float]) -> str | None:
-    """A warning where the profile states more GPU memory for some GPU rules (gpu_memory_gib, a
-    measured peak with a few GiB to spare) than the largest GPU here has; None where all fit or
-    nothing is known. A warning, not an error: the statements may predate smaller settings."""
-    from ratchet.stages.registry import GPU_STAGES, gpu_memory_wanted, memory_knobs
-
-    if not totals:
-        return None
-    largest = max(totals.values())
-    over = {s: gpu_memory_wanted(s, cfg) for s in GPU_STAGES if gpu_memory_wanted(s, cfg) > largest}
-    if not over:
-        return None
-    knobs = sorted({memory_knobs(s)[0] for s in over})
-    rules = ", ".join(f"{s} {gib:g}" for s, gib in sorted(over.items(), key=lambda kv: -kv[1]))
-    return (f"the largest GPU here has {largest:.0f} GiB, and the profile states more for {rules} GiB "
-            f"(gpu_memory_gib, measured peaks): those rules run alone on it and may run out of memory. "
-            f"Lower {' or '.join(knobs)} (then gpu_memory_gib), or use a larger GPU")
-
-
-def check_gpu_memory(cfg: dict, backend: str) -> str | None:
-    """gpu_memory_shortfall on this machine's visible GPUs, for a profile that runs on them."""
-    if backend not in ("cuda", "vllm"):
-        return None
-    from ratchet.gpu_claim import visible_gpus
-    from ratchet.gpu_memory import gpu_totals_gib
-
-    gpus = visible_gpus()
-    return gpu_memory_shortfall(cfg, gpu_totals_gib(gpus) if gpus else {})

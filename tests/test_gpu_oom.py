@@ -10,7 +10,7 @@ import torch
 
 from ratchet import cli
 from ratchet import config as config_mod
-from ratchet.gpu_oom import is_gpu_oom, oom_message
+from ratchet.gpu_oom import check_gpu_memory, gpu_memory_shortfall, is_gpu_oom, oom_message
 from ratchet.stages.registry import GPU_STAGES, memory_knobs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,8 +90,6 @@ def test_any_other_error_keeps_its_traceback(tmp_path, monkeypatch):
 def test_a_gpu_smaller_than_the_stated_peaks_is_said_at_the_start():
     """The pipeline's start (workflow/rules/common.smk) warns where the largest GPU has less
     memory than the profile states for some GPU rules, naming them and the settings to lower."""
-    from ratchet.preflight import check_gpu_memory, gpu_memory_shortfall
-
     cfg = config_mod.load(ROOT / "config" / "local.yaml")
     said = gpu_memory_shortfall(cfg, {"0": 23.6})
     stated = cfg["gpu_memory_gib"]

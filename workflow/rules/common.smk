@@ -10,7 +10,8 @@ from snakemake.utils import validate
 
 import ratchet.config
 from ratchet.device import resolve_backend
-from ratchet.preflight import check_device, check_gpu_memory
+from ratchet.gpu_oom import check_gpu_memory
+from ratchet.preflight import check_device
 from ratchet.tracking_store import TrackingStoreError, check_store
 from ratchet.paths import RunPaths
 from ratchet.stages import export_to_jobs, gpu_memory_wanted, settings
