@@ -67,7 +67,7 @@ def gpu_memory_shortfall(cfg: dict, totals: dict[str, float]) -> str | None:
     if not totals:
         return None
     largest = max(totals.values())
-    over = {s: gpu_memory_wanted(s, cfg) for s in GPU_STAGES if gpu_memory_wanted(s, cfg) > largest}
+    over = {s: gib for s in GPU_STAGES if (gib := gpu_memory_wanted(s, cfg)) > largest}
     if not over:
         return None
     knobs = sorted({memory_knobs(s)[0] for s in over})

@@ -119,4 +119,3 @@ def check_checkpoint_disk(cfg: dict, mode: str, checkpoint_dir: str | Path, free
 
 def _gb(n: int) -> str:
     return f"{n / 1e9:.1f} GB"
-
