@@ -59,3 +59,36 @@ def test_a_unit_whose_plural_is_not_an_s_says_so():
     assert p.update(1).startswith("[score] 1/10 batches (10%), 2.00 batches/s")
     t[0] = 3.5
     assert ", 3.0 s/batch" in p.update(2)
+
+
+def test_the_time_left_counts_the_measurements_still_ahead():
+    """ablate_decompose at 1.5B: updates of ~2 s, a measurement of ~60 s after updates 0, 1, 3,
+    10 and 30. After update 5 the time left is 25 updates and two measurements (~2.5 min), where
+    a rate of updates alone says 50 s; after update 30 the last measurement is still ahead."""
+    from ratchet.progress import MeasuredRunEta
+
+    clock, out = Clock(), io.StringIO()
+    eta = MeasuredRunEta(30, (0, 1, 3, 10, 30), clock=clock)
+    p = Progress("ablate_decompose", 30, unit="update", every_s=0, stream=out, clock=clock, eta=eta)
+    assert eta() is None  # nothing timed yet
+    for update in range(31):
+        clock.t += 2.0 if update else 1.0
+        eta.updated(update)
+        line = p.update(update)
+        if update in (0, 1, 3, 10, 30):
+            clock.t += 60.0
+            eta.measured(update)
+            p.update(update)  # the measurement's own log: the updates' rate starts after it
+        if update == 5:
+            assert eta() == 25 * 2.0 + 2 * 60.0
+            assert line == "[ablate_decompose] 5/30 updates (17%), 2.0 s/update, ETA 2m50s"
+        if update == 30:
+            assert line == "[ablate_decompose] 30/30 updates (100%), 2.0 s/update, ETA 1m00s"
+    assert eta() == 0.0
+
+
+def test_a_plain_progress_ignores_no_eta():
+    clock, out = Clock(), io.StringIO()
+    p = Progress("x", 10, every_s=0, stream=out, clock=clock, eta=lambda: None)
+    clock.t = 1.0
+    assert p.update(1) == "[x] 1/10 steps (10%), 1.00 steps/s, ETA 9s"

@@ -11,7 +11,7 @@ import numpy as np
 
 from ratchet.atomic import write_parquet
 from ratchet.paths import RunPaths
-from ratchet.progress import Progress
+from ratchet.progress import MeasuredRunEta, Progress
 from ratchet.rl.runtime import SMALL_MODEL_PARAMS, Laps
 
 
@@ -116,10 +116,24 @@ def ablate_decompose(cfg: dict, run) -> None:
     setup, settings = make_setup(cfg)
     gradients = not cfg["ablate"]["parallel_jobs"]
     start = time.perf_counter()
-    progress = Progress("ablate_decompose", max(*settings.updates, settings.visibility_updates,
-                                                *(settings.gradient_updates if gradients else ())), unit="update")
+    gradient_at = settings.gradient_updates if gradients else ()
+    total = max(*settings.updates, settings.visibility_updates, *gradient_at)
+    # the measurements take most of the time: their pace apart from the updates' (every update
+    # reports through the visibility's log, when it counts them all)
+    eta = MeasuredRunEta(total, (*settings.updates, *gradient_at)) if settings.visibility_updates >= total else None
+    progress = Progress("ablate_decompose", total, unit="update", eta=eta)
+    gradient_lines = gradient_logger(run, progress, "ablate_decompose")
+    gradients_seen: dict[int, int] = {}
+
+    def log_gradient(dtype, updates, rows):
+        gradients_seen[updates] = gradients_seen.get(updates, 0) + 1
+        if eta is not None and gradients_seen[updates] == len(settings.engine_dtypes):
+            eta.measured(updates)  # the last measurement after this update
+        gradient_lines(dtype, updates, rows)
 
     def log(updates, rows):
+        if eta is not None and updates not in gradient_at:
+            eta.measured(updates)
         progress.update(updates)
         for r in rows:  # one nested run per (engine dtype, source), the training runs' metric names
             variant = run.variant(f"{r['engine_dtype']}/{r['source']}",
@@ -136,6 +150,8 @@ def ablate_decompose(cfg: dict, run) -> None:
                   f"max {r['abs_diff_max']:.2e}  outside {r['ratio_outside_share']:.4f}", flush=True)
 
     def log_visibility(update, rows):
+        if eta is not None:
+            eta.updated(update)
         progress.update(update)
         for r in rows:
             run.variant(f"{r['dtype']}/visibility", {"engine_dtype": r["dtype"]}).log_metrics(
@@ -147,8 +163,7 @@ def ablate_decompose(cfg: dict, run) -> None:
 
     laps = Laps()
     frame, vis, grad = along_updates(setup, settings, log=log, log_visibility=log_visibility, laps=laps,
-                                     gradient_at=settings.gradient_updates if gradients else (),
-                                     log_gradient=gradient_logger(run, progress, "ablate_decompose"))
+                                     gradient_at=gradient_at, log_gradient=log_gradient)
     run.log_metrics({"time/decompose_s": time.perf_counter() - start})  # all: one GRPO run
     print(f"[ablate_decompose] its run in {laps.line()}", flush=True)
     write_ablation(run, frame, paths.decompose_table, paths.decompose_figure, decomposition_figure)
