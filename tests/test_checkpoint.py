@@ -297,3 +297,26 @@ def test_split_resumes_from_an_older_checkpoint_bit_exactly(tmp_path, prepare):
     resumed = run_split(job)
     assert resumed["weights_sha256"] == full["weights_sha256"]
     pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "split" / "trace.parquet"), full_trace)
+
+
+def test_a_checkpoints_engine_weights_go_back_in_the_layouts_order(tmp_path):
+    """safetensors reads tensors back by name; the split trainer's first broadcast on resuming
+    (sync.flatten, then the layout's views) needs them in the layout's order."""
+    from random_model import random_weights
+
+    from ratchet.model.config import ModelConfig
+    from ratchet.model.layout import expected_shapes
+    from ratchet.rl.split import in_layout_order
+    from ratchet.rl.sync import flatten, unflatten
+
+    cfg = ModelConfig(arch="qwen2", vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=11,
+                      num_heads=4, num_kv_heads=2, head_dim=8, qkv_bias=True, tie_word_embeddings=False,
+                      rope_theta=1e4, eos_token_ids=[])
+    weights = {k: torch.from_numpy(v).half() for k, v in random_weights(cfg, 0, "fp16").items()}
+    path = save_checkpoint(tmp_path, 1, {"engine": weights}, {})
+    loaded = load_checkpoint(path)[0]["engine"]
+    assert list(loaded) != list(expected_shapes(cfg))  # by name: layers.10 before layers.2, w_down before wqkv
+    ordered = in_layout_order(loaded, cfg)
+    assert list(ordered) == list(expected_shapes(cfg))
+    for name, view in unflatten(flatten(ordered), cfg).items():
+        assert torch.equal(view, weights[name].float()), name

@@ -10,6 +10,7 @@ import time
 
 import torch
 
+from ratchet.model.layout import expected_shapes
 from ratchet.rl.checkpoint import CheckpointWriter, load_checkpoint
 from ratchet.rl.comm import Comm, free_port, init_process_group
 from ratchet.rl.evaluate import Evaluator
@@ -127,7 +128,7 @@ def trainer_loop(job: Job, link, log=None, loaded: tuple | None = None) -> dict:
         restore_trainer(policy, optimizer, tensors)
         rows, trace, start, pending = state["rows"], state["trace"], state["step"], state["pending"]
         engine_version, rollout_state = state["engine_version"], state["rollouts"]
-        engine_weights = tensors["engine"]
+        engine_weights = in_layout_order(tensors["engine"], model.cfg)
         print(f"[split] resumed from {resume_from} at step {start}")
         relog(rows, log)
     else:
@@ -222,6 +223,12 @@ def trainer_loop(job: Job, link, log=None, loaded: tuple | None = None) -> dict:
                              "engine_in": where})
     print(f"[split] outputs written in {outputs():.1f} s", flush=True)
     return summary
+
+
+def in_layout_order(weights: dict[str, torch.Tensor], model_cfg) -> dict[str, torch.Tensor]:
+    """A checkpoint's engine weights in the layout's order: safetensors gives them by name, and
+    a broadcast (sync.flatten) lays them end to end in the order it is given."""
+    return {name: weights[name] for name in expected_shapes(model_cfg)}
 
 
 def _checkpoint(writer, job, policy, optimizer, step, engine_weights, message, rows, trace, pending=True):
