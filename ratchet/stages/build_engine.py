@@ -1,6 +1,10 @@
 """build_engine: pick the backend, compile and self-test the kernels (CUDA), and check the
 engine against the trainer on the engine's own rounded weights (fp32 arithmetic, and the
-engine dtype's autocast); a gap beyond tolerance fails the rule."""
+engine dtype's autocast). The verdict is the comparison in the engine's own arithmetic class
+(autocast in its dtype; fp32 for an fp32 engine): a gap beyond tolerance there fails the rule.
+The fp32 comparison is reported beside it, since it also holds the arithmetic's own gap, which
+on Qwen2.5-0.5B's outlier activations alone reaches 0.01-0.025 on random prompts, an fp16
+engine's whole tolerance."""
 
 from __future__ import annotations
 
@@ -10,8 +14,10 @@ from ratchet.atomic import write_json
 from ratchet.device import describe, resolve_backend
 from ratchet.paths import RunPaths
 
-# mean |difference of log p| the engine may show against the trainer on its own weights
+# mean |difference of log p| the engine may show against the trainer on its own weights, in
+# its own arithmetic class (VERDICT)
 TOLERANCE = {"fp32": 1e-5, "fp16": 2e-2, "bf16": 1e-1}
+VERDICT = {"fp32": "fp32_arithmetic", "fp16": "fp16_autocast", "bf16": "bf16_autocast"}
 NUM_PROMPTS = 8
 
 
@@ -52,10 +58,11 @@ def build_engine(cfg: dict, run) -> None:
     if e["dtype"] != "fp32":
         checks[f"{e['dtype']}_autocast"] = compare(policy, reqs, compute_dtype=e["dtype"],
                                                    prefix="selftest/")
-    gap = same_weights["selftest/logprob_abs_diff_mean"]
+    verdict = VERDICT[e["dtype"]]
+    gap = checks[verdict]["selftest/logprob_abs_diff_mean"]
     tol = TOLERANCE[e["dtype"]]
     record["selftest"] = {"num_tokens": int(same_weights["selftest/num_tokens"]),
-                          "sample_s": sample_s, "tolerance_mean_abs": tol,
+                          "sample_s": sample_s, "tolerance_mean_abs": tol, "verdict": verdict,
                           "passed": bool(gap <= tol), "trainer_variants": checks}
     for name, metrics in checks.items():
         print(f"[build_engine] engine vs trainer ({name}): mean |dlogp| "
@@ -65,6 +72,6 @@ def build_engine(cfg: dict, run) -> None:
     run.log_metrics({k: v for k, v in same_weights.items() if k.startswith("selftest/")})
     if not record["selftest"]["passed"]:
         raise RuntimeError(f"build_engine: engine ({backend}, {e['dtype']}) disagrees with the "
-                           f"trainer on its own weights: mean |dlogp| {gap:.3e} > {tol:.0e}")
+                           f"trainer on its own weights ({verdict}): mean |dlogp| {gap:.3e} > {tol:.0e}")
     write_json(paths.build, record)
     run.log_output(paths.build)
