@@ -79,10 +79,21 @@ def _loss_step(policy, optimizer, batch, compute_dtype: str) -> None:
     optimizer.step()
 
 
+@pytest.fixture
+def determinism():
+    """The trainings' set_determinism, process-wide while the test runs, then as it was."""
+    from ratchet.rl.runtime import set_determinism
+
+    before = torch.are_deterministic_algorithms_enabled()
+    set_determinism(0)
+    yield
+    torch.use_deterministic_algorithms(before)
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("compute_dtype", ["fp32", "bf16"])
 def test_a_restored_trainer_takes_the_next_steps_as_the_one_that_wrote_the_checkpoint(tmp_path, device,
-                                                                                        compute_dtype):
+                                                                                        compute_dtype, determinism):
     """Two steps, a checkpoint through the files (save_checkpoint, load_checkpoint), two more:
     a fresh policy and AdamW (fused on the GPU) restored from it end with the same masters."""
     if device == "cuda" and not torch.cuda.is_available():
@@ -90,12 +101,10 @@ def test_a_restored_trainer_takes_the_next_steps_as_the_one_that_wrote_the_check
     from ratchet import config as config_mod
     from ratchet.rl.checkpoint import load_checkpoint, save_checkpoint
     from ratchet.rl.job import restore_trainer, trainer_tensors
-    from ratchet.rl.runtime import set_determinism
     from ratchet.rl.settings import GRPOConfig
     from ratchet.rl.update import make_optimizer
     from ratchet.trainer.policy import Policy
 
-    set_determinism(0)
     cfg = _config()
     weights = random_weights(cfg, 1, "fp32")
     # the default profile's AdamW at a large lr: a restore that lost a bit of state shows at once
