@@ -76,7 +76,7 @@ def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibili
                   measure_at: tuple[int, ...] | None = None,
                   backends: tuple[str, ...] | None = None,
                   gradient_at: tuple[int, ...] = (), log_gradient=None, laps=None,
-                  gradient_dtypes: tuple[str, ...] | None = None,
+                  gradient_dtypes: tuple[str, ...] | None = None, log_update=None,
                   ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(decomposition, visibility, gradient) along one plain GRPO run: every update up to
     `visibility_updates` is counted as it happens, the sources measured after each count in
@@ -86,7 +86,7 @@ def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibili
     vLLM), rows tagged with a `backend` column; None: the setup's engine alone, untagged.
     The gradient's fresh batches come from each dtype's own engine (a Rollouts of its own
     seed, after a sync from the same masters), never the trajectory's. `laps` (runtime.Laps):
-    where the time goes, by phase."""
+    where the time goes, by phase. `log_update(u)`: update u is done, its measurements to come."""
     from ratchet.mismatch.gradient import gradient_rows
     from ratchet.rl.runtime import Laps
 
@@ -114,6 +114,8 @@ def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibili
     for update in range(max((*measure_at, *gradient_at, visibility_updates)) + 1):
         traj.advance_to(update, settings.max_steps_per_update)
         laps("GRPO updates")
+        if log_update is not None:
+            log_update(update)
         if visibility_updates and update <= visibility_updates:
             after = traj.masters()
             found = first_rows(after, settings.engine_dtypes) if update == 0 else \

@@ -103,6 +103,25 @@ def gradient_logger(run, progress, label: str):
     return log_gradient
 
 
+def timed_logs(eta: MeasuredRunEta, progress: Progress, log_gradient, dtypes: int):
+    """(log_update, log_gradient) for along_updates that time its updates and its measurements
+    apart (`eta`): an update is reported as it ends; the gradients after an update are its last
+    measurement, done when all `dtypes` have reported."""
+    seen: dict[int, int] = {}
+
+    def log_update(update):
+        eta.updated(update)
+        progress.update(update)
+
+    def log_gradient_timed(dtype, updates, rows):
+        seen[updates] = seen.get(updates, 0) + 1
+        if seen[updates] == dtypes:
+            eta.measured(updates)
+        log_gradient(dtype, updates, rows)
+
+    return log_update, log_gradient_timed
+
+
 def ablate_decompose(cfg: dict, run) -> None:
     """The decomposition and the visibility of updates along one GRPO run (the two study the same
     updates: one run of them instead of two identical ones). With ablate.parallel_jobs the
@@ -118,21 +137,14 @@ def ablate_decompose(cfg: dict, run) -> None:
     start = time.perf_counter()
     gradient_at = settings.gradient_updates if gradients else ()
     total = max(*settings.updates, settings.visibility_updates, *gradient_at)
-    # the measurements take most of the time: their pace apart from the updates' (every update
-    # reports through the visibility's log, when it counts them all)
-    eta = MeasuredRunEta(total, (*settings.updates, *gradient_at)) if settings.visibility_updates >= total else None
+    # the measurements take most of the time: their pace apart from the updates'
+    eta = MeasuredRunEta(total, (*settings.updates, *gradient_at))
     progress = Progress("ablate_decompose", total, unit="update", eta=eta)
-    gradient_lines = gradient_logger(run, progress, "ablate_decompose")
-    gradients_seen: dict[int, int] = {}
-
-    def log_gradient(dtype, updates, rows):
-        gradients_seen[updates] = gradients_seen.get(updates, 0) + 1
-        if eta is not None and gradients_seen[updates] == len(settings.engine_dtypes):
-            eta.measured(updates)  # the last measurement after this update
-        gradient_lines(dtype, updates, rows)
+    log_update, log_gradient = timed_logs(eta, progress, gradient_logger(run, progress, "ablate_decompose"),
+                                          len(settings.engine_dtypes))
 
     def log(updates, rows):
-        if eta is not None and updates not in gradient_at:
+        if updates not in gradient_at:
             eta.measured(updates)
         progress.update(updates)
         for r in rows:  # one nested run per (engine dtype, source), the training runs' metric names
@@ -150,8 +162,6 @@ def ablate_decompose(cfg: dict, run) -> None:
                   f"max {r['abs_diff_max']:.2e}  outside {r['ratio_outside_share']:.4f}", flush=True)
 
     def log_visibility(update, rows):
-        if eta is not None:
-            eta.updated(update)
         progress.update(update)
         for r in rows:
             run.variant(f"{r['dtype']}/visibility", {"engine_dtype": r["dtype"]}).log_metrics(
@@ -163,7 +173,7 @@ def ablate_decompose(cfg: dict, run) -> None:
 
     laps = Laps()
     frame, vis, grad = along_updates(setup, settings, log=log, log_visibility=log_visibility, laps=laps,
-                                     gradient_at=gradient_at, log_gradient=log_gradient)
+                                     gradient_at=gradient_at, log_gradient=log_gradient, log_update=log_update)
     run.log_metrics({"time/decompose_s": time.perf_counter() - start})  # all: one GRPO run
     print(f"[ablate_decompose] its run in {laps.line()}", flush=True)
     write_ablation(run, frame, paths.decompose_table, paths.decompose_figure, decomposition_figure)
@@ -186,11 +196,13 @@ def ablate_gradient_run(cfg: dict, run, dtype: str) -> None:
     paths = RunPaths.from_config(cfg)
     setup, settings = make_setup(cfg)
     start = time.perf_counter()
-    progress = Progress(f"ablate_gradient_run {dtype}", max(settings.gradient_updates), unit="update")
+    eta = MeasuredRunEta(max(settings.gradient_updates), settings.gradient_updates)
+    progress = Progress(f"ablate_gradient_run {dtype}", max(settings.gradient_updates), unit="update", eta=eta)
+    log_update, log_gradient = timed_logs(eta, progress, gradient_logger(run, progress, "ablate_gradient_run"), 1)
     laps = Laps()
     _, _, grad = along_updates(setup, settings, visibility_updates=0, measure_at=(),
                                gradient_at=settings.gradient_updates, gradient_dtypes=(dtype,),
-                               log_gradient=gradient_logger(run, progress, "ablate_gradient_run"), laps=laps)
+                               log_gradient=log_gradient, log_update=log_update, laps=laps)
     run.log_metrics({"time/gradient_s": time.perf_counter() - start})
     print(f"[ablate_gradient_run] its run in {laps.line()}", flush=True)
     write_parquet(paths.gradient_part(dtype), grad)
