@@ -139,6 +139,23 @@ def test_one_run_gives_the_decomposition_and_the_visibility(tiny, frame):
     pd.testing.assert_frame_equal(visibility(tiny, settings), vis, check_exact=True)
 
 
+def test_the_hooks_say_each_update_and_each_measurement_as_they_end(tiny):
+    """What the stages' time left is made of (MeasuredRunEta): each update as it ends, and the
+    measurements after it as they end, before the last of their logs (whose progress line then
+    counts them done)."""
+    settings = ablate_settings(**{**SETTINGS, "engine_dtypes": ("fp16", "bf16")})
+    events = []
+    along_updates(tiny, settings, visibility_updates=0, measure_at=(0, 3), gradient_at=(1, 3),
+                  log=lambda u, rows: events.append(("sources", u)),
+                  log_gradient=lambda dtype, u, rows: events.append((dtype, u)),
+                  log_update=lambda u: events.append(("update", u)),
+                  log_measured=lambda u: events.append(("measured", u)))
+    assert events == [("update", 0), ("measured", 0), ("sources", 0),
+                      ("update", 1), ("fp16", 1), ("measured", 1), ("bf16", 1),
+                      ("update", 2),
+                      ("update", 3), ("sources", 3), ("fp16", 3), ("measured", 3), ("bf16", 3)]
+
+
 def test_visibility_on_real_updates(tiny):
     vis = visibility(tiny, ablate_settings(**{**SETTINGS, "engine_dtypes": ("fp16", "bf16")}))
     assert list(vis["update"].unique()) == [0, 1, 2, 3]

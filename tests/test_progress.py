@@ -93,30 +93,3 @@ def test_a_plain_progress_ignores_no_eta():
     clock.t = 1.0
     assert p.update(1) == "[x] 1/10 steps (10%), 1.00 steps/s, ETA 9s"
 
-
-def test_timed_logs_count_a_measurement_done_when_every_dtype_has_reported():
-    """ablate_decompose's gradients after an update come one engine dtype at a time: the
-    measurement ends with the last of them, and each update is reported as it ends."""
-    from ratchet.progress import MeasuredRunEta
-    from ratchet.stages.ablate import timed_logs
-
-    clock, out, lines = Clock(), io.StringIO(), []
-    eta = MeasuredRunEta(3, (0, 3), clock=clock)
-    progress = Progress("ablate_decompose", 3, unit="update", every_s=0, stream=out, clock=clock, eta=eta)
-
-    def gradient_lines(dtype, updates, rows):  # as gradient_logger: its line, and the progress
-        lines.append((dtype, updates))
-        progress.update(updates)
-
-    log_update, log_gradient = timed_logs(eta, progress, gradient_lines, 2)
-    log_update(0)
-    clock.t = 10.0
-    log_gradient("fp16", 0, [])
-    assert eta.measure_s == []  # bf16's gradients still to come
-    clock.t = 20.0
-    log_gradient("bf16", 0, [])
-    assert eta.measure_s == [20.0] and lines == [("fp16", 0), ("bf16", 0)]
-    clock.t = 21.0
-    log_update(1)
-    assert eta() == 2 * 1.0 + 1 * 20.0
-    assert out.getvalue().splitlines()[-1] == "[ablate_decompose] 1/3 updates (33%), 1.00 updates/s, ETA 22s"

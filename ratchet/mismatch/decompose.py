@@ -76,7 +76,7 @@ def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibili
                   measure_at: tuple[int, ...] | None = None,
                   backends: tuple[str, ...] | None = None,
                   gradient_at: tuple[int, ...] = (), log_gradient=None, laps=None,
-                  gradient_dtypes: tuple[str, ...] | None = None, log_update=None,
+                  gradient_dtypes: tuple[str, ...] | None = None, log_update=None, log_measured=None,
                   ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(decomposition, visibility, gradient) along one plain GRPO run: every update up to
     `visibility_updates` is counted as it happens, the sources measured after each count in
@@ -86,7 +86,9 @@ def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibili
     vLLM), rows tagged with a `backend` column; None: the setup's engine alone, untagged.
     The gradient's fresh batches come from each dtype's own engine (a Rollouts of its own
     seed, after a sync from the same masters), never the trajectory's. `laps` (runtime.Laps):
-    where the time goes, by phase. `log_update(u)`: update u is done, its measurements to come."""
+    where the time goes, by phase. `log_update(u)`: update u is done, its measurements to come;
+    `log_measured(u)`: every measurement after update u is done (only where there were some),
+    said before the last of their logs."""
     from ratchet.mismatch.gradient import gradient_rows
     from ratchet.rl.runtime import Laps
 
@@ -134,6 +136,8 @@ def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibili
                                           settings.max_new_tokens, settings.seed + 1,
                                           settings.temperature, settings.eps, settings.micro_batch_size)]
             decompose_rows += found
+            if log_measured is not None and update not in gradient_at:
+                log_measured(update)  # before its log's progress line, which then counts it
             if log is not None:
                 log(update, found)
             laps("sources")
@@ -141,6 +145,8 @@ def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibili
             for dtype in gradient_dtypes:
                 found = gradient_rows(traj, engines[(setup.backend, dtype)], setup.task, settings, update)
                 gradient_rows_ += found
+                if log_measured is not None and dtype == gradient_dtypes[-1]:
+                    log_measured(update)
                 if log_gradient is not None:
                     log_gradient(dtype, update, found)
             laps("gradients")

@@ -103,23 +103,18 @@ def gradient_logger(run, progress, label: str):
     return log_gradient
 
 
-def timed_logs(eta: MeasuredRunEta, progress: Progress, log_gradient, dtypes: int):
-    """(log_update, log_gradient) for along_updates that time its updates and its measurements
-    apart (`eta`): an update is reported as it ends; the gradients after an update are its last
-    measurement, done when all `dtypes` have reported."""
-    seen: dict[int, int] = {}
+def timed_progress(label: str, total: int, points) -> tuple[Progress, dict]:
+    """Progress over along_updates' `total` updates whose time left counts the measurements
+    after `points` apart from the updates (MeasuredRunEta), and along_updates' two hooks that
+    time them: each update as it ends, the measurements after it as they end."""
+    eta = MeasuredRunEta(total, points)
+    progress = Progress(label, total, unit="update", eta=eta)
 
     def log_update(update):
         eta.updated(update)
         progress.update(update)
 
-    def log_gradient_timed(dtype, updates, rows):
-        seen[updates] = seen.get(updates, 0) + 1
-        if seen[updates] == dtypes:
-            eta.measured(updates)
-        log_gradient(dtype, updates, rows)
-
-    return log_update, log_gradient_timed
+    return progress, {"log_update": log_update, "log_measured": eta.measured}
 
 
 def ablate_decompose(cfg: dict, run) -> None:
@@ -138,14 +133,9 @@ def ablate_decompose(cfg: dict, run) -> None:
     gradient_at = settings.gradient_updates if gradients else ()
     total = max(*settings.updates, settings.visibility_updates, *gradient_at)
     # the measurements take most of the time: their pace apart from the updates'
-    eta = MeasuredRunEta(total, (*settings.updates, *gradient_at))
-    progress = Progress("ablate_decompose", total, unit="update", eta=eta)
-    log_update, log_gradient = timed_logs(eta, progress, gradient_logger(run, progress, "ablate_decompose"),
-                                          len(settings.engine_dtypes))
+    progress, timing = timed_progress("ablate_decompose", total, (*settings.updates, *gradient_at))
 
     def log(updates, rows):
-        if updates not in gradient_at:
-            eta.measured(updates)
         progress.update(updates)
         for r in rows:  # one nested run per (engine dtype, source), the training runs' metric names
             variant = run.variant(f"{r['engine_dtype']}/{r['source']}",
@@ -173,7 +163,8 @@ def ablate_decompose(cfg: dict, run) -> None:
 
     laps = Laps()
     frame, vis, grad = along_updates(setup, settings, log=log, log_visibility=log_visibility, laps=laps,
-                                     gradient_at=gradient_at, log_gradient=log_gradient, log_update=log_update)
+                                     gradient_at=gradient_at, log_gradient=gradient_logger(run, progress, "ablate_decompose"),
+                                     **timing)
     run.log_metrics({"time/decompose_s": time.perf_counter() - start})  # all: one GRPO run
     print(f"[ablate_decompose] its run in {laps.line()}", flush=True)
     write_ablation(run, frame, paths.decompose_table, paths.decompose_figure, decomposition_figure)
@@ -196,13 +187,13 @@ def ablate_gradient_run(cfg: dict, run, dtype: str) -> None:
     paths = RunPaths.from_config(cfg)
     setup, settings = make_setup(cfg)
     start = time.perf_counter()
-    eta = MeasuredRunEta(max(settings.gradient_updates), settings.gradient_updates)
-    progress = Progress(f"ablate_gradient_run {dtype}", max(settings.gradient_updates), unit="update", eta=eta)
-    log_update, log_gradient = timed_logs(eta, progress, gradient_logger(run, progress, "ablate_gradient_run"), 1)
+    progress, timing = timed_progress(f"ablate_gradient_run {dtype}", max(settings.gradient_updates),
+                                      settings.gradient_updates)
     laps = Laps()
     _, _, grad = along_updates(setup, settings, visibility_updates=0, measure_at=(),
                                gradient_at=settings.gradient_updates, gradient_dtypes=(dtype,),
-                               log_gradient=log_gradient, log_update=log_update, laps=laps)
+                               log_gradient=gradient_logger(run, progress, "ablate_gradient_run"), laps=laps,
+                               **timing)
     run.log_metrics({"time/gradient_s": time.perf_counter() - start})
     print(f"[ablate_gradient_run] its run in {laps.line()}", flush=True)
     write_parquet(paths.gradient_part(dtype), grad)
