@@ -13,9 +13,8 @@ import time
 
 def main() -> None:
     from ratchet.engines import make_engine
-    from ratchet.mismatch.compare import compare, random_prompts, sample
     from ratchet.model.io import load_engine_model
-    from ratchet.stages.build_engine import NUM_PROMPTS, TOLERANCE
+    from ratchet.stages.build_engine import NUM_PROMPTS, TOLERANCE, VERDICT, selftest_requests, trainer_checks
     from ratchet.trainer.policy import Policy
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -28,19 +27,14 @@ def main() -> None:
     device = "cuda" if args.backend == "cuda" else "cpu"
     engine = make_engine(model, backend=args.backend, max_batch_size=NUM_PROMPTS, max_seq_len=64)
     policy = Policy.from_weights(model.cfg, model.weights, device=device)
-    print(f"{model.dtype} engine, tolerance {TOLERANCE[model.dtype]:.0e} (mean |dlogp|)")
+    print(f"{model.dtype} engine, tolerance {TOLERANCE[model.dtype]:.0e} (mean |dlogp|), judged: {VERDICT[model.dtype]}")
     for seed in args.seeds:
         start = time.perf_counter()
-        prompts = random_prompts(model.cfg.vocab_size, NUM_PROMPTS, 16, seed=seed,
-                                 avoid=tuple(model.cfg.eos_token_ids))
-        reqs = sample(engine, prompts, max_new_tokens=max(1, args.tokens // NUM_PROMPTS), seed=seed)
-        fp32 = compare(policy, reqs, prefix="")
-        own = compare(policy, reqs, compute_dtype=model.dtype, prefix="") if model.dtype != "fp32" else fp32
-        print(f"seed {seed}: fp32 arithmetic mean {fp32['logprob_abs_diff_mean']:.3e} max "
-              f"{fp32['logprob_abs_diff_max']:.3e}; {model.dtype} autocast mean {own['logprob_abs_diff_mean']:.3e} "
-              f"max {own['logprob_abs_diff_max']:.3e}; {int(fp32['num_tokens'])} tokens, "
+        checks = trainer_checks(policy, selftest_requests(engine, model.cfg, seed, args.tokens), model.dtype)
+        said = "; ".join(f"{name} mean {m['selftest/logprob_abs_diff_mean']:.3e} max "
+                         f"{m['selftest/logprob_abs_diff_max']:.3e}" for name, m in checks.items())
+        print(f"seed {seed}: {said}; {int(checks['fp32_arithmetic']['selftest/num_tokens'])} tokens, "
               f"{time.perf_counter() - start:.0f} s", flush=True)
-
 
 if __name__ == "__main__":
     main()

@@ -21,9 +21,28 @@ VERDICT = {"fp32": "fp32_arithmetic", "fp16": "fp16_autocast", "bf16": "bf16_aut
 NUM_PROMPTS = 8
 
 
+def selftest_requests(engine, model_cfg, seed: int, tokens: int) -> list:
+    """The self-test's answers: NUM_PROMPTS random prompts of 16 tokens (no eos among them),
+    `tokens` new tokens in all, sampled by `engine`."""
+    from ratchet.mismatch.compare import random_prompts, sample
+
+    prompts = random_prompts(model_cfg.vocab_size, NUM_PROMPTS, 16, seed=seed, avoid=tuple(model_cfg.eos_token_ids))
+    return sample(engine, prompts, max_new_tokens=max(1, tokens // NUM_PROMPTS), seed=seed)
+
+
+def trainer_checks(policy, reqs: list, dtype: str) -> dict[str, dict]:
+    """The trainer's log-probabilities of the answers against the engine's: in fp32 arithmetic,
+    and for a 16-bit engine in its own (autocast in `dtype`); VERDICT names the judged one."""
+    from ratchet.mismatch.compare import compare
+
+    checks = {"fp32_arithmetic": compare(policy, reqs, prefix="selftest/")}
+    if dtype != "fp32":
+        checks[f"{dtype}_autocast"] = compare(policy, reqs, compute_dtype=dtype, prefix="selftest/")
+    return checks
+
+
 def build_engine(cfg: dict, run) -> None:
     from ratchet.engines import make_engine
-    from ratchet.mismatch.compare import compare, random_prompts, sample
     from ratchet.model.io import load_engine_model
     from ratchet.trainer.policy import Policy
 
@@ -46,18 +65,12 @@ def build_engine(cfg: dict, run) -> None:
 
     engine = make_engine(model, backend=backend, max_batch_size=e["max_batch_size"],
                          max_seq_len=e["max_seq_len"], vllm_options=e["vllm"])
-    prompts = random_prompts(cfg_m.vocab_size, NUM_PROMPTS, 16, seed=cfg["seed"],
-                             avoid=tuple(cfg_m.eos_token_ids))
     t0 = time.perf_counter()
-    reqs = sample(engine, prompts, max_new_tokens=max(1, e["selftest_tokens"] // NUM_PROMPTS),
-                  seed=cfg["seed"])
+    reqs = selftest_requests(engine, cfg_m, cfg["seed"], e["selftest_tokens"])
     sample_s = time.perf_counter() - t0
     policy = Policy.from_weights(cfg_m, model.weights, device="cuda" if backend in ("cuda", "vllm") else "cpu")
-    same_weights = compare(policy, reqs, prefix="selftest/")
-    checks = {"fp32_arithmetic": same_weights}
-    if e["dtype"] != "fp32":
-        checks[f"{e['dtype']}_autocast"] = compare(policy, reqs, compute_dtype=e["dtype"],
-                                                   prefix="selftest/")
+    checks = trainer_checks(policy, reqs, e["dtype"])
+    same_weights = checks["fp32_arithmetic"]
     verdict = VERDICT[e["dtype"]]
     gap = checks[verdict]["selftest/logprob_abs_diff_mean"]
     tol = TOLERANCE[e["dtype"]]
