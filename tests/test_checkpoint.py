@@ -118,15 +118,20 @@ def _cli(mode: str, profile: Path, results: Path, *overrides: str) -> list[str]:
 
 
 # For the killed run: each checkpoint written behind the run takes `seconds` longer, as a GPU
-# run's 7 GB do against its sub-second steps (the tiny model's take no time at all).
+# run's 7 GB do against its sub-second steps (the tiny model's take no time at all), and its
+# snapshot (the host copy of those 7 GB, then the state as text) a quarter of that, while the
+# split engine on a thread goes on drawing the next batch.
 SLOW_WRITES = """
 import time
 import ratchet.rl.checkpoint as checkpoint
-_write = checkpoint._write
+_write, _snapshot = checkpoint._write, checkpoint._snapshot
 def _slow_write(*args, **kwargs):
     time.sleep({seconds})
     return _write(*args, **kwargs)
-checkpoint._write = _slow_write
+def _slow_snapshot(*args, **kwargs):
+    time.sleep({seconds} / 4)
+    return _snapshot(*args, **kwargs)
+checkpoint._write, checkpoint._snapshot = _slow_write, _slow_snapshot
 """
 
 
@@ -135,7 +140,8 @@ def sigkill_and_resume(tmp_path: Path, cfg: dict, profile: Path, mode: str, over
     """`python -m ratchet train_<mode>`, killed with SIGKILL at a random step and rerun, ends
     with the weights, model file and trace of an uninterrupted run (prepared under `results`);
     `alongside`: the uninterrupted run goes on at the same time (the CPU's second core);
-    `slow_writes_s`: the killed run's checkpoint writes take that much longer (sitecustomize)."""
+    `slow_writes_s`: the killed run's checkpoint writes take that much longer, their snapshots
+    a quarter of that (sitecustomize)."""
     from ratchet.paths import RunPaths
 
     env = {**os.environ, "RATCHET_TRACKING": "off"}
@@ -234,12 +240,13 @@ def test_trace_divergence_names_the_first_step_and_side_that_differ():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["colocated", "split"])
-def test_sigkilled_training_resumes_to_the_same_weights(tmp_path, prepare, mode):
-    """Both modes on the CPU (the split engine in a process of its own there)."""
+@pytest.mark.parametrize("mode, engine_in", [("colocated", "auto"), ("split", "process"), ("split", "thread")])
+def test_sigkilled_training_resumes_to_the_same_weights(tmp_path, prepare, mode, engine_in):
+    """Both modes on the CPU; split with its engine in a process of its own (the CPU's default)
+    and on a thread, as on one GPU."""
     steps, every = 10, 2
     overrides = (f"train.steps={steps}", f"train.checkpoint_every={every}", "train.eval_every=0",
-                 "train.problems_per_step=8")
+                 "train.problems_per_step=8", f"train.split.engine_in={engine_in}")
     cfg = prepare(tmp_path / "results", *overrides)
     # the writes slower than the steps, as on a GPU: the kill must wait for a whole checkpoint
     sigkill_and_resume(tmp_path, cfg, ROOT / "config" / "config.yaml", mode, overrides, steps, every,
@@ -297,6 +304,35 @@ def test_split_resumes_from_an_older_checkpoint_bit_exactly(tmp_path, prepare):
     resumed = run_split(job)
     assert resumed["weights_sha256"] == full["weights_sha256"]
     pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "split" / "trace.parquet"), full_trace)
+
+
+def test_a_split_checkpoint_holds_the_rollouts_of_its_batch_however_late_it_is_taken(tmp_path, prepare,
+                                                                                        monkeypatch):
+    """The split engine on a thread draws the next batch while the trainer checkpoints the one it
+    took: a snapshot taken late (on a GPU, after seconds of copying 7 GB) still holds the
+    unfinished answers as they were at that batch. It held the engine's live lists, grown
+    since, and the GPU run resumed by a prefill of tokens that the uninterrupted run had
+    decoded: other bits from the batch after the checkpoint (the twentieth session)."""
+    import time
+
+    import ratchet.rl.checkpoint as checkpoint
+    from ratchet.rl.split import run_split
+    from ratchet.stages.train import make_job
+
+    cfg = prepare(tmp_path / "results")
+    snapshot, states = checkpoint._snapshot, []
+    for delay_s in (0.0, 0.5):
+        def late(*args, delay_s=delay_s, **kwargs):
+            time.sleep(delay_s)  # the engine thread runs meanwhile
+            return snapshot(*args, **kwargs)
+
+        monkeypatch.setattr(checkpoint, "_snapshot", late)
+        job = make_job(cfg, "split", out_dir=tmp_path / f"late{delay_s}", steps=4, checkpoint_every=2,
+                       problems_per_step=8, keep_checkpoints=5, eval_every=0, engine_in="thread")
+        run_split(job)
+        states.append(read_state(list_checkpoints(job.checkpoint_dir)[0])["rollouts"])
+    assert any(r["finish_reason"] is None for g in states[0]["in_flight"] for r in g["requests"])
+    assert states[1] == states[0]
 
 
 def test_a_checkpoints_engine_weights_go_back_in_the_layouts_order(tmp_path):

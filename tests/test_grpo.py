@@ -108,6 +108,28 @@ def test_stale_groups_are_dropped_and_state_round_trips(cfg):
     assert [g.to_dict() for g in ga] == [g.to_dict() for g in gb]
 
 
+def test_rollout_state_is_a_snapshot_the_next_collect_leaves_alone(cfg):
+    """state_dict is the moment's state, not views of it: the split engine on a thread hands it to
+    the trainer, whose checkpoint writes it seconds later, while the unfinished answers in it
+    grow at the next collect (the GPU resume of the twentieth session parted at the batch after
+    the checkpoint for that)."""
+    from ratchet.rl.rollout import Rollouts
+
+    make_engine, prompts = _engine_and_prompts(cfg)
+    engine = make_engine()
+    rollouts = Rollouts(prompts, 4, max_new_tokens=12, temperature=1.0, seed=3, groups_per_step=2, extra_groups=6,
+                        max_staleness=2)
+    rollouts.collect(engine, 0, 0)
+    state = rollouts.state_dict()
+    then = json.dumps(state)
+    lengths = {r["request_id"]: len(r["output"]) for g in state["in_flight"] for r in g["requests"]}
+    for step in (1, 2):
+        rollouts.collect(engine, step, step)
+    live = [r for g in rollouts.in_flight for r in g.requests if r.request_id in lengths]
+    assert any(len(r.output) > lengths[r.request_id] > 0 for r in live)  # answers cut at step 0 went on
+    assert json.dumps(state) == then
+
+
 def test_data_stream_is_seeded_and_shards_by_worker():
     from ratchet.rl.rollout import DataStream
 

@@ -76,7 +76,9 @@ class ThreadLink:
     """One end of an in-process link; `ThreadLink.pair()` makes both. A broadcast is a new
     flat fp32 tensor where the masters live (the optimiser may change them right after), put
     on a queue; the engine's side rounds its views into its buffers. The copy is queued on
-    the trainer's stream; the engine's DLPack exchange orders its own stream after it."""
+    the trainer's stream; the engine's DLPack exchange orders its own stream after it.
+    Messages travel by reference, not as JSON: what is sent must be the sender's no longer
+    (Group.to_dict copies the answers' lists, which the engine's next batch extends)."""
 
     def __init__(self, inbox: queue.Queue, outbox: queue.Queue, weights: queue.Queue,
                  closed: threading.Event, device: str):

@@ -49,11 +49,14 @@ class Group:
         return all(r.finish_reason is not None for r in self.requests)
 
     def to_dict(self) -> dict:
+        """The group as plain data of this moment: copies of its lists, never the live ones. An
+        unfinished answer's lists grow at its next collect, and the split engine on a thread
+        hands this to the trainer, whose checkpoint writes it out seconds later."""
         return {"index": self.index, "problem": self.problem, "born": self.born,
-                "versions": self.versions,
-                "requests": [{"request_id": r.request_id, "prompt": r.prompt,
+                "versions": [list(v) for v in self.versions],
+                "requests": [{"request_id": r.request_id, "prompt": list(r.prompt),
                               "max_new_tokens": r.max_new_tokens, "temperature": r.temperature,
-                              "seed": r.seed, "output": r.output, "logprobs": r.logprobs,
+                              "seed": r.seed, "output": list(r.output), "logprobs": list(r.logprobs),
                               "finish_reason": r.finish_reason} for r in self.requests]}
 
     @classmethod
