@@ -182,6 +182,19 @@ def sigkill_and_resume(tmp_path: Path, cfg: dict, profile: Path, mode: str, over
     assert not paths.train_summary(mode).exists()
     assert list_checkpoints(paths.checkpoints(mode))
 
+    try:
+        _resume_and_compare(cfg, paths, mode, profile, results, other, overrides, uninterrupted, tmp_path, env,
+                            killed_at, steps)
+    finally:  # a GPU run's are 8 GB each, and pytest keeps the last three runs' temporary folders
+        if uninterrupted.poll() is None:
+            uninterrupted.kill()
+            uninterrupted.wait()
+        for run in (results, other):
+            shutil.rmtree(run / cfg["run_name"] / "train" / mode / "checkpoints", ignore_errors=True)
+
+
+def _resume_and_compare(cfg, paths, mode, profile, results, other, overrides, uninterrupted, tmp_path, env,
+                        killed_at, steps) -> None:
     done = subprocess.run(_cli(mode, profile, results, *overrides), env=env, check=True,
                           capture_output=True, text=True, timeout=1200)
     assert "resumed from" in done.stdout
