@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Join the carried chunks of a real model (in /root/m; any count: with the records the checkout
 # outgrew 64 MiB beside a 47 MiB chunk, so they may be split finer) and check the SHA-256; MODEL=coder-1.5b
-# for Qwen2.5-Coder-1.5B-Instruct (chunks part15.00..22), else the 0.5B (part.00..09).
+# for Qwen2.5-Coder-1.5B-Instruct (chunks part15.NN), else the 0.5B (part.NN).
 set -euo pipefail
 if [ "${MODEL:-coder-0.5b}" = coder-1.5b ]; then
   want=cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046
