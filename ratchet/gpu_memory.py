@@ -93,21 +93,34 @@ class ProcessPeak:
         return None if self.peak_mib is None else self.peak_mib / 1024
 
 
-def allocator_split() -> dict[str, float]:
-    """Where a process's GPU memory went, by allocator, in GiB: torch's most allocated and most
-    reserved (the gap is its cache and fragmentation), and what CuPy's pool holds (it keeps
-    freed blocks, so at a stage's end about its most). Only allocators this process already
-    imported and started are asked: asking must not start CUDA. {} where none was used."""
-    split = {}
+def gpu_highs_gib() -> dict[str, float]:
+    """The GPU allocators' high-water marks so far in GiB, for allocators this process already
+    imported and started (asking must not start CUDA): torch's most allocated, and what CuPy's
+    pool holds (it keeps freed blocks, so about its most). {} where none was used."""
+    highs = {}
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
-        split["torch_allocated_gib"] = torch.cuda.max_memory_allocated() / 2 ** 30
-        split["torch_reserved_gib"] = torch.cuda.max_memory_reserved() / 2 ** 30
+        highs["torch"] = torch.cuda.max_memory_allocated() / 2 ** 30
     cupy = sys.modules.get("cupy")
     try:
         held = cupy.get_default_memory_pool().total_bytes() if cupy is not None else 0
     except RuntimeError:  # a CuPy without a usable CUDA (CUDARuntimeError): nothing held
         held = 0
     if held:
-        split["cupy_pool_gib"] = held / 2 ** 30
+        highs["cupy pool"] = held / 2 ** 30
+    return highs
+
+
+def allocator_split() -> dict[str, float]:
+    """Where a process's GPU memory went, by allocator, in GiB: torch's most allocated and most
+    reserved (the gap is its cache and fragmentation), and what CuPy's pool holds
+    (gpu_highs_gib). {} where none was used."""
+    highs, split = gpu_highs_gib(), {}
+    if "torch" in highs:
+        import torch
+
+        split["torch_allocated_gib"] = highs["torch"]
+        split["torch_reserved_gib"] = torch.cuda.max_memory_reserved() / 2 ** 30
+    if "cupy pool" in highs:
+        split["cupy_pool_gib"] = highs["cupy pool"]
     return split

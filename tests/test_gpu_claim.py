@@ -260,3 +260,22 @@ def test_a_gpu_stage_splits_its_memory_by_allocator_without_starting_cuda(monkey
 
     monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(get_default_memory_pool=no_cuda))
     assert allocator_split() == {"torch_allocated_gib": 30.0, "torch_reserved_gib": 45.0}
+
+
+def test_laps_say_which_phase_raised_each_allocators_high_water_mark():
+    """A rule's peak alone does not say which phase sets it: each lap takes the rise of every
+    allocator's high-water mark since the lap before (nothing off the GPU)."""
+    from ratchet.rl.runtime import Laps
+
+    assert Laps(highs=dict).rises_line() == ""
+    marks = iter([{}, {"torch": 20.0}, {"torch": 20.0, "cupy pool": 4.0}, {"torch": 50.0, "cupy pool": 4.0},
+                  {"torch": 50.0, "cupy pool": 5.0}, {"torch": 61.5, "cupy pool": 5.0}])
+    laps = Laps(highs=lambda: next(marks))
+    for name in ("trainer", "engines", "gradients", "sources", "gradients"):
+        laps(name)
+    assert laps.rises == {"torch": {"trainer": 20.0, "gradients": 41.5}, "cupy pool": {"engines": 4.0, "sources": 1.0}}
+    assert laps.rises_line() == ("torch 61.5 GiB, from 0.0: gradients +41.5, trainer +20.0; "
+                                 "cupy pool 5.0 GiB, from 0.0: engines +4.0, sources +1.0")
+    started = Laps(highs=iter([{"torch": 8.0}, {"torch": 9.0}]).__next__)
+    started("updates")
+    assert started.rises_line() == "torch 9.0 GiB, from 8.0: updates +1.0"

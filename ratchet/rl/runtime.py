@@ -59,14 +59,29 @@ class Timer:
 
 class Laps:
     """Named laps of a run's fixed costs (its start-up, its outputs), said in one line: what a
-    training rule spends beyond its steps, which at 1.5B was ~100 s of 250."""
+    training rule spends beyond its steps, which at 1.5B was ~100 s of 250. On a GPU it also
+    notes which laps raised each allocator's high-water mark and by how much (`rises_line`):
+    the phase that sets a rule's peak, which the peak alone does not say (at 1.5B the
+    ablations' 89-102 GiB keep them from running beside a training)."""
 
-    def __init__(self):
+    def __init__(self, highs=None):
+        from ratchet.gpu_memory import gpu_highs_gib
+
+        highs = gpu_highs_gib if highs is None else highs
         self.timer, self.laps = Timer(), {}
+        self._highs, self.high = highs, highs()
+        self.rises: dict[str, dict[str, float]] = {}  # allocator -> lap -> GiB it rose in that lap
 
     def __call__(self, name: str) -> None:
-        """The seconds since the last lap (or the start) go to `name`."""
+        """The seconds since the last lap (or the start) go to `name`, and so does any rise of
+        an allocator's high-water mark since then."""
         self.laps[name] = self.laps.get(name, 0.0) + self.timer()
+        for allocator, now in self._highs().items():
+            rise = now - self.high.get(allocator, 0.0)
+            if rise > 0:
+                by_lap = self.rises.setdefault(allocator, {})
+                by_lap[name] = by_lap.get(name, 0.0) + rise
+                self.high[allocator] = now
 
     @property
     def total(self) -> float:
@@ -74,6 +89,16 @@ class Laps:
 
     def line(self) -> str:
         return f"{self.total:.1f} s (" + ", ".join(f"{k} {v:.1f} s" for k, v in self.laps.items()) + ")"
+
+    def rises_line(self) -> str:
+        """'torch 81.4 GiB, from ...: gradients +26.3, ...; cupy pool ...' ('' off the GPU): each
+        allocator's high-water mark, what it was before the first lap, and the laps that raised it."""
+        parts = []
+        for allocator, by_lap in self.rises.items():
+            start = self.high[allocator] - sum(by_lap.values())
+            parts.append(f"{allocator} {self.high[allocator]:.1f} GiB, from {start:.1f}: "
+                         + ", ".join(f"{k} +{v:.1f}" for k, v in sorted(by_lap.items(), key=lambda kv: -kv[1])))
+        return "; ".join(parts)
 
 
 def _spawned(index: int, fn, first_rank: int, args: tuple, env: dict[str, str]) -> None:

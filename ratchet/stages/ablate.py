@@ -167,6 +167,8 @@ def ablate_decompose(cfg: dict, run) -> None:
                                      **timing)
     run.log_metrics({"time/decompose_s": time.perf_counter() - start})  # all: one GRPO run
     print(f"[ablate_decompose] its run in {laps.line()}", flush=True)
+    if laps.rises_line():  # which phase sets the peak
+        print(f"[ablate_decompose] GPU high-water marks: {laps.rises_line()}", flush=True)
     write_ablation(run, frame, paths.decompose_table, paths.decompose_figure, decomposition_figure)
     write_ablation(run, vis, paths.visibility_table, paths.visibility_figure, visibility_figure)
     if gradients:
@@ -196,6 +198,8 @@ def ablate_gradient_run(cfg: dict, run, dtype: str) -> None:
                                **timing)
     run.log_metrics({"time/gradient_s": time.perf_counter() - start})
     print(f"[ablate_gradient_run] its run in {laps.line()}", flush=True)
+    if laps.rises_line():  # which phase sets the peak
+        print(f"[ablate_gradient_run] GPU high-water marks: {laps.rises_line()}", flush=True)
     write_parquet(paths.gradient_part(dtype), grad)
     run.log_output(paths.gradient_part(dtype))
 
@@ -308,6 +312,8 @@ def ablate_fix_run(cfg: dict, run, remedy: str) -> None:
     laps = Laps()
     steps, summary = fix_runs(setup, settings, names, log=log, laps=laps)
     print(f"[ablate_fix_run] {'its runs' if len(names) > 1 else 'its run'} in {laps.line()}", flush=True)
+    if laps.rises_line():  # which phase sets the peak
+        print(f"[ablate_fix_run] GPU high-water marks: {laps.rises_line()}", flush=True)
     print("[ablate_fix_run] after training:\n" + summary.to_string(index=False), flush=True)
     write_parquet(paths.fix_run_steps(remedy), steps)
     write_parquet(paths.fix_run_summary(remedy), summary)
