@@ -21,6 +21,7 @@ from ratchet import config as config_mod
 from ratchet.rl.checkpoint import (CheckpointWriter, clean_temporaries, latest_checkpoint, list_checkpoints,
                                    load_checkpoint, load_optimizer, load_rng, optimizer_tensors, read_state,
                                    rng_tensors, save_checkpoint)
+from ratchet.stages.verify import trace_divergence
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -211,18 +212,6 @@ def _resume_and_compare(cfg, paths, mode, profile, results, other, overrides, un
     assert resumed["model_sha256"] == reference["model_sha256"], where
     pd.testing.assert_frame_equal(resumed_trace, reference_trace)
     assert len(pd.read_parquet(paths.train_metrics(mode))) == steps
-
-
-def trace_divergence(trace: pd.DataFrame, reference: pd.DataFrame) -> str:
-    """The first step whose trace row differs from the reference's, and in what: tokens or
-    logprobs (the engine's side), loss or weights (the trainer's)."""
-    for (_, a), (_, b) in zip(trace.iterrows(), reference.iterrows()):
-        differ = [c for c in reference.columns if c in a and a[c] != b[c]]
-        if differ:
-            return f"the traces part at step {b['step']}: {', '.join(differ)}"
-    if len(trace) != len(reference):
-        return f"the traces agree on their first {min(len(trace), len(reference))} steps, lengths differ"
-    return "the traces agree on every step"
 
 
 def _resumed_line(stdout: str) -> str:

@@ -31,6 +31,20 @@ def compare_traces(reference: pd.DataFrame, rerun: pd.DataFrame) -> dict:
     return result
 
 
+def trace_divergence(trace: pd.DataFrame, reference: pd.DataFrame) -> str:
+    """compare_traces in a sentence: the first step where `trace` parts from `reference`, and
+    every quantity that differs there (tokens or logprobs: the engine's side; loss or weights:
+    the trainer's), or that they agree."""
+    result = compare_traces(reference, trace)
+    first = result["first_divergence"]
+    if first is not None:
+        differ = [q for q, r in result["quantities"].items() if r["first_step"] == first["step"]]
+        return f"the traces part at step {first['step']}: {', '.join(differ)}"
+    if len(trace) != len(reference):
+        return f"the traces agree on their first {result['steps_compared']} steps, lengths differ"
+    return "the traces agree on every step"
+
+
 def verify(cfg: dict, run) -> None:
     paths = RunPaths.from_config(cfg)
     n = min(cfg["train"]["verify_steps"], cfg["train"]["steps"])
