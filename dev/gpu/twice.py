@@ -16,23 +16,31 @@ import pandas as pd
 
 from ratchet import config as config_mod
 from ratchet.stages import run_stage
+from ratchet.stages.verify import trace_divergence
 
 ROOT = Path(__file__).resolve().parents[2]
-DEFAULTS = (
-    "train.steps=8",
-    "train.checkpoint_every=2",
-    "train.eval_every=0",
-    "train.compute_dtype=bf16",
-    "train.keep_checkpoints=1",
-)
+DEFAULTS = ("train.steps=8", "train.checkpoint_every=2", "train.eval_every=0", "train.compute_dtype=bf16",
+            "train.keep_checkpoints=1")
 
 
-def first_difference(a: pd.DataFrame, b: pd.DataFrame) -> str:
-    for (_, x), (_, y) in zip(a.iterrows(), b.iterrows()):
-        differ = [c for c in b.columns if c in x and x[c] != y[c]]
-        if differ:
-            return f"part at step {y['step']}: {', '.join(differ)}"
-    return "agree on every step" if len(a) == len(b) else "lengths differ"
+def prepare(profile: Path, results: Path, overrides) -> dict:
+    """The profile's stages before training under `results`, tracking off; its config."""
+    os.environ["RATCHET_TRACKING"] = "off"
+    cfg = config_mod.load(profile, [f"results_dir={results}", *overrides])
+    for stage in ("download_model", "download_data", "convert_weights", "build_engine"):
+        run_stage(stage, cfg)
+    return cfg
+
+
+def train_cli(mode: str, results: Path, overrides, profile: Path) -> list[str]:
+    """`python -m ratchet train_<mode>` with these settings (overrides before --config)."""
+    return [sys.executable, "-m", "ratchet", f"train_{mode}", f"results_dir={results}", *overrides,
+            "--config", str(profile)]
+
+
+def outputs(run_dir: Path) -> tuple[dict, pd.DataFrame]:
+    """A finished training's summary and trace."""
+    return json.loads((run_dir / "summary.json").read_text()), pd.read_parquet(run_dir / "trace.parquet")
 
 
 def main() -> None:
@@ -42,42 +50,21 @@ def main() -> None:
     parser.add_argument("--profile", type=Path, default=ROOT / "config" / "local.yaml")
     parser.add_argument("overrides", nargs="*", default=list(DEFAULTS))
     args = parser.parse_args()
-    os.environ["RATCHET_TRACKING"] = "off"
-    first = args.out / "a"
-    cfg = config_mod.load(args.profile, [f"results_dir={first}", *args.overrides])
-    for stage in ("download_model", "download_data", "convert_weights", "build_engine"):
-        run_stage(stage, cfg)
-    second = args.out / "b"
+    first, second = args.out / "a", args.out / "b"
+    cfg = prepare(args.profile, first, args.overrides)
     shutil.copytree(first, second, symlinks=True)
     failed = 0
     for mode in args.mode.split(","):
         runs = []
         for results in (first, second):
-            cmd = [
-                sys.executable,
-                "-m",
-                "ratchet",
-                f"train_{mode}",
-                f"results_dir={results}",
-                *args.overrides,
-                "--config",
-                str(args.profile),
-            ]
-            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-            run_dir = results / cfg["run_name"] / "train" / mode
-            runs.append(
-                (
-                    json.loads((run_dir / "summary.json").read_text()),
-                    pd.read_parquet(run_dir / "trace.parquet"),
-                )
-            )
+            subprocess.run(train_cli(mode, results, args.overrides, args.profile), check=True,
+                           stdout=subprocess.DEVNULL)
+            runs.append(outputs(results / cfg["run_name"] / "train" / mode))
         (sa, ta), (sb, tb) = runs
         same = sa["weights_sha256"] == sb["weights_sha256"]
         failed += not same
-        print(
-            f"[twice] {mode}: weights {'identical' if same else 'DIFFER'}; traces {first_difference(ta, tb)}",
-            flush=True,
-        )
+        print(f"[twice] {mode}: weights {'identical' if same else 'DIFFER'}; {trace_divergence(tb, ta)}",
+              flush=True)
     sys.exit(1 if failed else 0)
 
 
