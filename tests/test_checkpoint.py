@@ -183,35 +183,29 @@ def sigkill_and_resume(tmp_path: Path, cfg: dict, profile: Path, mode: str, over
     assert not paths.train_summary(mode).exists()
     assert list_checkpoints(paths.checkpoints(mode))
 
-    try:
-        _resume_and_compare(cfg, paths, mode, profile, results, other, overrides, uninterrupted, tmp_path, env,
-                            killed_at, steps)
+    try:  # the resumed run against the uninterrupted one
+        done = subprocess.run(_cli(mode, profile, results, *overrides), env=env, check=True,
+                              capture_output=True, text=True, timeout=1200)
+        assert "resumed from" in done.stdout
+        _finished(uninterrupted, tmp_path / "uninterrupted.log")
+        other_dir = other / cfg["run_name"] / "train" / mode
+        reference = json.loads((other_dir / "summary.json").read_text())
+        resumed = json.loads(paths.train_summary(mode).read_text())
+        resumed_trace = pd.read_parquet(paths.train_trace(mode))
+        reference_trace = pd.read_parquet(other_dir / "trace.parquet")
+        # where the runs part, said in the message: a GPU run's output is seldom kept whole
+        where = (f"killed after the line of step {killed_at}; {_resumed_line(done.stdout)}; "
+                 f"{trace_divergence(resumed_trace, reference_trace)}; {_parity_lines(done.stdout)}")
+        assert resumed["weights_sha256"] == reference["weights_sha256"], where
+        assert resumed["model_sha256"] == reference["model_sha256"], where
+        pd.testing.assert_frame_equal(resumed_trace, reference_trace)
+        assert len(pd.read_parquet(paths.train_metrics(mode))) == steps
     finally:  # a GPU run's are 8 GB each, and pytest keeps the last three runs' temporary folders
         if uninterrupted.poll() is None:
             uninterrupted.kill()
             uninterrupted.wait()
         for run in (results, other):
             shutil.rmtree(run / cfg["run_name"] / "train" / mode / "checkpoints", ignore_errors=True)
-
-
-def _resume_and_compare(cfg, paths, mode, profile, results, other, overrides, uninterrupted, tmp_path, env,
-                        killed_at, steps) -> None:
-    done = subprocess.run(_cli(mode, profile, results, *overrides), env=env, check=True,
-                          capture_output=True, text=True, timeout=1200)
-    assert "resumed from" in done.stdout
-    _finished(uninterrupted, tmp_path / "uninterrupted.log")
-    other_dir = other / cfg["run_name"] / "train" / mode
-    reference = json.loads((other_dir / "summary.json").read_text())
-    resumed = json.loads(paths.train_summary(mode).read_text())
-    resumed_trace = pd.read_parquet(paths.train_trace(mode))
-    reference_trace = pd.read_parquet(other_dir / "trace.parquet")
-    # where the runs part, said in the message: a GPU run's output is seldom kept whole
-    where = (f"killed after the line of step {killed_at}; {_resumed_line(done.stdout)}; "
-             f"{trace_divergence(resumed_trace, reference_trace)}; {_parity_lines(done.stdout)}")
-    assert resumed["weights_sha256"] == reference["weights_sha256"], where
-    assert resumed["model_sha256"] == reference["model_sha256"], where
-    pd.testing.assert_frame_equal(resumed_trace, reference_trace)
-    assert len(pd.read_parquet(paths.train_metrics(mode))) == steps
 
 
 def _resumed_line(stdout: str) -> str:
