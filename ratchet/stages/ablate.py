@@ -103,6 +103,14 @@ def gradient_logger(run, progress, label: str):
     return log_gradient
 
 
+def print_laps(label: str, laps, what: str = "its run") -> None:
+    """Where the run's time went by phase and, on a GPU, which phases raised its memory's
+    high-water marks (which phase sets the peak)."""
+    print(f"[{label}] {what} in {laps.line()}", flush=True)
+    if rises := laps.rises_line():
+        print(f"[{label}] GPU high-water marks: {rises}", flush=True)
+
+
 def timed_progress(label: str, total: int, points) -> tuple[Progress, dict]:
     """Progress over along_updates' `total` updates whose time left counts the measurements
     after `points` apart from the updates (MeasuredRunEta), and along_updates' two hooks that
@@ -166,9 +174,7 @@ def ablate_decompose(cfg: dict, run) -> None:
                                      gradient_at=gradient_at, log_gradient=gradient_logger(run, progress, "ablate_decompose"),
                                      **timing)
     run.log_metrics({"time/decompose_s": time.perf_counter() - start})  # all: one GRPO run
-    print(f"[ablate_decompose] its run in {laps.line()}", flush=True)
-    if laps.rises_line():  # which phase sets the peak
-        print(f"[ablate_decompose] GPU high-water marks: {laps.rises_line()}", flush=True)
+    print_laps("ablate_decompose", laps)
     write_ablation(run, frame, paths.decompose_table, paths.decompose_figure, decomposition_figure)
     write_ablation(run, vis, paths.visibility_table, paths.visibility_figure, visibility_figure)
     if gradients:
@@ -197,9 +203,7 @@ def ablate_gradient_run(cfg: dict, run, dtype: str) -> None:
                                log_gradient=gradient_logger(run, progress, "ablate_gradient_run"), laps=laps,
                                **timing)
     run.log_metrics({"time/gradient_s": time.perf_counter() - start})
-    print(f"[ablate_gradient_run] its run in {laps.line()}", flush=True)
-    if laps.rises_line():  # which phase sets the peak
-        print(f"[ablate_gradient_run] GPU high-water marks: {laps.rises_line()}", flush=True)
+    print_laps("ablate_gradient_run", laps)
     write_parquet(paths.gradient_part(dtype), grad)
     run.log_output(paths.gradient_part(dtype))
 
@@ -311,9 +315,7 @@ def ablate_fix_run(cfg: dict, run, remedy: str) -> None:
 
     laps = Laps()
     steps, summary = fix_runs(setup, settings, names, log=log, laps=laps)
-    print(f"[ablate_fix_run] {'its runs' if len(names) > 1 else 'its run'} in {laps.line()}", flush=True)
-    if laps.rises_line():  # which phase sets the peak
-        print(f"[ablate_fix_run] GPU high-water marks: {laps.rises_line()}", flush=True)
+    print_laps("ablate_fix_run", laps, "its runs" if len(names) > 1 else "its run")
     print("[ablate_fix_run] after training:\n" + summary.to_string(index=False), flush=True)
     write_parquet(paths.fix_run_steps(remedy), steps)
     write_parquet(paths.fix_run_summary(remedy), summary)
