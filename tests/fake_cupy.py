@@ -152,13 +152,9 @@ def _flat(a):
 class FakeOps:
     fused = True  # attention_decode_rope available (the tensor-core kernel's shapes)
 
-    small = True  # small_gemm available (the real one needs fp16 / bf16 and K a multiple of 128)
-    small_calls: list = []  # (rows, swiglu) of every small_gemm run
-
-    def __init__(self, dtype, head_dim, group, hidden=None):
+    def __init__(self, dtype, head_dim, group):
         self.dtype, self.head_dim, self.group = dtype, head_dim, group
         self.storage = np.dtype({"fp32": np.float32, "fp16": np.float16}[dtype])
-        self.small_k = hidden if FakeOps.small else None
 
     @property
     def fused_rope_decode(self):
@@ -199,17 +195,6 @@ class FakeOps:
         k = x.shape[1] // s
         for i in range(s):
             parts[i] = linear(np.asarray(x)[:, i * k:(i + 1) * k], np.asarray(w)[:, i * k:(i + 1) * k])
-
-    @recorded
-    def small_gemm(self, x, w, out, swiglu=False):
-        assert x.shape[0] <= 64 and x.shape[1] == self.small_k
-        FakeOps.small_calls.append((x.shape[0], swiglu))
-        y = linear(np.asarray(x), np.asarray(w))
-        if swiglu:  # the product rounded to the storage, as gemm into gu stores it
-            g, u = np.split(y.astype(self.storage).astype(np.float32), 2, axis=-1)
-            out[...] = silu_mul(g, u)
-        else:
-            out[...] = y
 
     @recorded
     def swiglu(self, gu, act):

@@ -72,33 +72,6 @@ print(json.dumps(out))
     assert all(results.values()), results
 
 
-def test_small_products_run_in_decode_buckets_and_give_the_numpy_engines_bits():
-    """qkv and gate_up with SwiGLU on small_gemm (CudaBackend.small_products) in every decode
-    bucket and only there (prefill passes keep cuBLAS); the fakes compute what the kernel does
-    (SwiGLU of the product rounded to the storage), so the wiring must leave the NumPy bits."""
-    results = on_fake_gpu("""
-model = FakeModel(tiny_config(), random_weights(tiny_config(), 3, "fp16"), "fp16")
-want = generations(Engine(model, max_batch_size=4, max_seq_len=128, eos_ids=[5]).generate(workload()))
-out = {}
-for small in (True, False):
-    fake_cupy.FakeOps.small_calls.clear()
-    engine = Engine(model, backend="cuda", max_batch_size=4, max_seq_len=128, eos_ids=[5])
-    engine.backend.split_products = ()
-    if not small:
-        engine.backend.small_products = ()
-    out[f"same {small}"] = generations(engine.generate(workload())) == want
-    out[f"calls {small}"] = sorted(set(fake_cupy.FakeOps.small_calls))
-fake_cupy.FakeOps.small = False
-out["unsupported"] = CudaBackend(tiny_config(), "fp16", 4, 64).small_products
-print(json.dumps(out))
-""")
-    assert results["same True"] and results["same False"]
-    assert results["calls False"] == [] and results["unsupported"] == []
-    calls = results["calls True"]
-    assert {swiglu for _, swiglu in calls} == {False, True}  # qkv and gate_up
-    assert {rows for rows, _ in calls} <= {1, 2, 4}  # the decode buckets of 4 slots, never a prefill pass
-
-
 def test_packed_prefill_feed_and_forced_rows_equal_numpy_backend():
     results = on_fake_gpu("""
 cfg = tiny_config()

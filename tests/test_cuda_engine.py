@@ -48,8 +48,7 @@ def rel_err(a, b) -> float:
 def test_kernels_against_numpy(dtype):
     from ratchet.engine.cuda.selftest import format_results, selftest
 
-    results = selftest(dtype, shapes=((64, 14, 2), (128, 16, 4), (32, 4, 2)), raise_on_fail=False,
-                       hidden_sizes=(896, 1536))
+    results = selftest(dtype, shapes=((64, 14, 2), (128, 16, 4), (32, 4, 2)), raise_on_fail=False)
     print(f"\n{dtype}\n" + format_results(results))
     assert results["ok"], format_results(results)
 
@@ -139,20 +138,16 @@ def _pair(kind: str, dtype: str, max_batch: int = 8, max_seq: int = 256):
     return cfg, weights, cuda, ref
 
 
-@pytest.mark.parametrize("small", [(), ("qkv", "gate_up")], ids=["", "small"])
 @pytest.mark.parametrize("split", [(), ("wo", "w_down")], ids=["cublas", "split-k"])
 @pytest.mark.parametrize("kind", ["a", "b"])
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
-def test_backend_matches_numpy_backend(kind, dtype, split, small):
+def test_backend_matches_numpy_backend(kind, dtype, split):
     from ratchet.engine.cuda.plan import split_k
 
     cfg, _, cuda, ref = _pair(kind, dtype)
     cuda.split_products = split  # decode steps: wo / w_down split along K, summed by add_rmsnorm
     if split:
         assert split_k(4, cfg.num_heads * cfg.head_dim) and split_k(4, cfg.intermediate_size)
-    if small:  # decode steps: qkv and gate_up + SwiGLU on small_gemm.cu
-        assert cuda.small_products == small
-    cuda.small_products = small
     rng = np.random.default_rng(3)
     slots = [5, 0, 3, 6]
     prompts = [rng.integers(0, cfg.vocab_size, n).tolist() for n in (1, 70, 129, 17)]

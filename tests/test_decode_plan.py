@@ -161,27 +161,3 @@ def test_chunk_descriptors_are_the_sync_loops():
     assert table.tolist() == [0, 2, 3, 3, 4] and len(table) == chunk0
     desc, table = plan.chunk_descriptors([], [], [], chunk)
     assert desc.shape == (0, 4) and table.size == 0
-
-
-def test_small_gemm_plans_split_k_over_warps_within_registers_and_shared_memory():
-    """plan.small_gemm_plan: K in chunks of 32 over 4-16 warps, at most 8 chunks a warp, and 64
-    rows of K plus the partials under sm_90's 227 KiB; the loader instantiates exactly it."""
-    from ratchet.engine.cuda import loader
-
-    assert plan.small_gemm_plan(896) == (4, 7)  # Qwen2.5-0.5B
-    assert plan.small_gemm_plan(1536) == (6, 8)  # Coder-1.5B
-    assert plan.small_gemm_plan(128) == (4, 1) and plan.small_gemm_plan(256) == (4, 2)  # the GPU tests' models
-    assert plan.small_gemm_plan(3584) is None  # 7B: 64 rows of 3584 values alone are 448 KiB
-    assert plan.small_gemm_plan(900) is None and plan.small_gemm_plan(64) is None  # no whole split
-    for k in (896, 1536, 128, 256, 2560):
-        found = plan.small_gemm_plan(k)
-        if found is None:
-            continue
-        warps, chunks = found
-        assert 32 * warps * chunks == k and 4 <= warps <= 16 and chunks <= plan.SMALL_GEMM_MAX_CHUNKS
-        assert plan.small_gemm_smem(64, k, 2, warps) <= plan.SMALL_GEMM_SMEM
-    assert plan.small_gemm_smem(1, 896, 1, 4) == 16 * 896 * 2 + 4 * 4 * 32 * 16  # whole m16 tiles
-    assert plan.small_gemm_smem(17, 896, 2, 4) == 32 * 896 * 2 + 4 * 4 * 2 * 32 * 16
-    assert loader.small_gemm_expressions("fp16", 896) == ("small_gemm<F16, 4, 7, 1, 0>", "small_gemm<F16, 4, 7, 2, 1>")
-    assert loader.small_gemm_expressions("bf16", 1536)[1] == "small_gemm<BF16, 6, 8, 2, 1>"
-    assert loader.small_gemm_expressions("fp32", 896) == () and loader.small_gemm_expressions("fp16", 3584) == ()

@@ -92,19 +92,6 @@ def bench_decode(backend, batch=64, prompt_len=128, new_tokens=256, seed=0) -> d
             "bandwidth_fraction_of_4.2 (wall)": step_bytes / (run["median_step_ms"] * 1e-3) / 1e12 / HBM_TBPS}
 
 
-def bench_decode_cublas(backend, batch=64, prompt_len=128, new_tokens=256, seed=0) -> dict:
-    """bench_decode and profile_decode with the decode step's qkv and gate_up on cuBLAS and
-    SwiGLU a kernel of its own (small_products off), beside the default in the same call."""
-    kept = backend.small_products
-    if not kept:
-        return {"skipped": "small_gemm does not apply to this shape and dtype"}
-    backend.small_products = ()
-    try:
-        return {**bench_decode(backend, batch, prompt_len, new_tokens, seed), "profile": profile_decode(backend, batch)}
-    finally:
-        backend.small_products = kept
-
-
 def profile_decode(backend, batch=64, steps=10, top=24) -> dict:
     """Per-kernel GPU time of one decode step (graph replays traced by torch.profiler / CUPTI)."""
     from torch.profiler import ProfilerActivity, profile

@@ -1,8 +1,7 @@
 """The one-GPU benchmark on Qwen2.5-0.5B shapes (or --shape: Coder-1.5B's, 7B's) with random weights, section by section (one
 broken section does not hide the others): decode (B = 64: overlapped as the engine runs it,
 plain, graph replay), profile and profile_big (kernels of a B = 64 / 512 step), throughput
-(B = 512), engine, hf (transformers beside it), sync, sampler, telemetry (sync/weights_parity's cost),
-decode_cublas (decode and profile with qkv and gate_up on cuBLAS, not small_gemm.cu).
+(B = 512), engine, hf (transformers beside it), sync, sampler, telemetry (sync/weights_parity's cost).
 Medians after warm-up."""
 
 from __future__ import annotations
@@ -18,8 +17,7 @@ from ratchet.atomic import write_text
 from ratchet.bench.headline import headline
 from ratchet.bench.workload import SHAPES
 
-SECTIONS = ("decode", "profile", "throughput", "profile_big", "engine", "hf", "sync", "sampler", "telemetry",
-            "decode_cublas")
+SECTIONS = ("decode", "profile", "throughput", "profile_big", "engine", "hf", "sync", "sampler", "telemetry")
 
 
 def bench(batch: int = 64, big_batch: int = 512, prompt_len: int = 128, new_tokens: int = 256,
@@ -31,7 +29,6 @@ def bench(batch: int = 64, big_batch: int = 512, prompt_len: int = 128, new_toke
 
     from ratchet.bench.decode import (
         bench_decode,
-        bench_decode_cublas,
         bench_engine,
         bench_throughput,
         profile_decode,
@@ -48,8 +45,7 @@ def bench(batch: int = 64, big_batch: int = 512, prompt_len: int = 128, new_toke
                      "shape": shape, "programmatic_dependent_launch": launch.enabled()}
     cfg = SHAPES[shape]()
     backend = weights = None
-    if {"decode", "profile", "throughput", "profile_big", "engine", "sync", "telemetry",
-        "decode_cublas"} & set(sections):
+    if {"decode", "profile", "throughput", "profile_big", "engine", "sync", "telemetry"} & set(sections):
         t = time.perf_counter()
         weights = random_torch_weights(cfg, seed)
         backend = make_backend("cuda", cfg, dtype, max(batch, big_batch), prompt_len + new_tokens)
@@ -76,8 +72,6 @@ def bench(batch: int = 64, big_batch: int = 512, prompt_len: int = 128, new_toke
                 results[name] = bench_sampler(batch, cfg.vocab_size, seed)
             elif name == "telemetry":
                 results[name] = bench_telemetry(backend, weights, dtype)
-            elif name == "decode_cublas":  # qkv and gate_up on cuBLAS (+ swiglu), as before small_gemm
-                results[name] = bench_decode_cublas(backend, batch, prompt_len, new_tokens, seed)
         except Exception as e:  # one broken section must not hide the others
             results[name] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
         results.setdefault(name, {})["section_s"] = time.perf_counter() - t

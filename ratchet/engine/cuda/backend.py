@@ -18,7 +18,6 @@ from ratchet.engine.cuda import sync, telemetry
 from ratchet.engine.cuda.forward import LayerLoop, Workspace
 from ratchet.engine.cuda.graphs import DecodeGraphs, buckets_for
 from ratchet.engine.cuda.ops import STORAGE, Ops, decode_split
-from ratchet.engine.cuda.plan import SMALL_GEMM_PRODUCTS
 from ratchet.engine.cuda.prefill import (
     PREFILL_CHUNK,
     prefill_by_decode,
@@ -80,7 +79,7 @@ class CudaBackend:
         self.device_id = cp.cuda.Device().id
         self.weight_device = f"cuda:{self.device_id}"  # update_weights takes DLPack tensors there
         self.storage = np.dtype(STORAGE[dtype])
-        self.ops = Ops(dtype, hd, group, cfg.hidden_size)
+        self.ops = Ops(dtype, hd, group)
         self.stream = engine_stream()
         self.scratch_slot = max_batch_size
         with self.stream:
@@ -97,10 +96,8 @@ class CudaBackend:
         self.layers = LayerLoop(cfg, self.ops, self.kv_layers, self.rope_cos, self.rope_sin)
         self.staging = Staging(self.buckets[-1])
         self._last_sample: CudaStep | None = None  # the last sampling step: what `feed` reads
-        # decode products run split along K where plan.split_k says so (small buckets), and on
-        # small_gemm.cu where the model's shapes allow (buckets of <= 64 rows); () for none
-        self._split_products: tuple[str, ...] = ("wo", "w_down")
-        self._small_products: tuple[str, ...] = SMALL_GEMM_PRODUCTS if self.ops.small_k else ()
+        # decode products run split along K where plan.split_k says so (small buckets); () for none
+        self.split_products: tuple[str, ...] = ("wo", "w_down")
         self.weights: dict[str, cp.ndarray] = {}
         self.weight_sync: sync.WeightSync | None = None  # the buffers' pointers, once they exist
         self._checksum_launch = telemetry.Launch()  # weight_checksums' descriptors, kept
@@ -108,28 +105,6 @@ class CudaBackend:
         self.flat_sync: sync.WeightSync | None = None  # the whole of it as one buffer (FlatWeights)
         self._graphs = DecodeGraphs(self.stream, self._decode_body, enabled=use_graphs)
         self.lengths = np.zeros(max_batch_size, dtype=np.int64)
-
-    @property
-    def split_products(self) -> tuple[str, ...]:
-        return self._split_products
-
-    @split_products.setter
-    def split_products(self, value) -> None:
-        self._split_products = tuple(value)
-        self._graphs.graphs.clear()  # captured steps hold the old products
-
-    @property
-    def small_products(self) -> tuple[str, ...]:
-        return self._small_products
-
-    @small_products.setter
-    def small_products(self, value) -> None:
-        value = tuple(value)
-        if value and not self.ops.small_k:
-            raise ValueError(f"cuda backend: small_gemm does not apply to {self.dtype} at hidden size "
-                             f"{self.cfg.hidden_size}")
-        self._small_products = value
-        self._graphs.graphs.clear()
 
     @property
     def use_graphs(self) -> bool:
@@ -223,7 +198,7 @@ class CudaBackend:
         """Bucket b's step on host buffer pair k: what a graph captures."""
         st = self.staging
         self.layers.decode_body(self.dec, b, sample, st.host_ints_dev[k], st.host_out_dev[k], st.width,
-                                self.split_products, self.gumbel, self.small_products)
+                                self.split_products, self.gumbel)
 
     def _check_decode(self, slots, tokens, positions):
         """int64 arrays (slots, tokens, positions), checked. Few NumPy calls: this runs on the

@@ -9,7 +9,7 @@ import numpy as np
 
 from ratchet.engine.cuda import sampler as gpu_sampler
 from ratchet.engine.cuda.ops import Ops
-from ratchet.engine.cuda.plan import SMALL_GEMM_MAX_ROWS, SPLIT_K, SPLIT_K_MAX_ROWS, split_k
+from ratchet.engine.cuda.plan import SPLIT_K, SPLIT_K_MAX_ROWS, split_k
 from ratchet.engine.cuda.staging import (
     FEED,
     NUM_FIELDS,
@@ -69,14 +69,12 @@ class LayerLoop:
         self.head = w.get("lm_head.weight", w["embed.weight"])
 
     def forward(self, ws: Workspace, rows: int, attention, split: tuple[str, ...] = (),
-                feed: bool = False, small: tuple[str, ...] = ()) -> None:
+                feed: bool = False) -> None:
         """Rows' hidden states through every layer; leaves the final norm's output in ws.h.
         split: of "wo", "w_down", those run as split-K products (plan.split_k) whose slices
-        the next add_rmsnorm sums (decode buckets). small: of "qkv", "gate_up", those run on
-        small_gemm.cu (gate_up with SwiGLU) while rows <= 64 (decode buckets). feed: rows may
-        take their token from the previous step's sampled tokens (ws.out[0]; decode)."""
+        the next add_rmsnorm sums (decode buckets). feed: rows may take their token from the
+        previous step's sampled tokens (ws.out[0]; decode)."""
         o, eps, cfg = self.ops, self.cfg.rms_norm_eps, self.cfg
-        small = small if rows <= SMALL_GEMM_MAX_ROWS else ()
         tokens = ws.ints[TOKENS, :rows]
         x, h, qkv, att = ws.x[:rows], ws.h[:rows], ws.qkv[:rows], ws.att[:rows]
         proj, gu, act = ws.proj[:rows], ws.gu[:rows], ws.act[:rows]
@@ -95,17 +93,11 @@ class LayerLoop:
                     *((ws.ints[FEED, :rows], ws.out[0]) if feed else ()))
         o.add_rmsnorm(x, None, self.weights["layers.0.attn_norm.weight"], h, eps)
         for layer, (wqkv, bias, wo, mlp_norm, w_gate_up, w_down, next_norm) in enumerate(self.layer_weights):
-            if "qkv" in small:
-                o.small_gemm(h, wqkv, qkv)
-            else:
-                o.gemm(h, wqkv, qkv)
+            o.gemm(h, wqkv, qkv)
             attention(layer, qkv, bias, att)  # RoPE (k, v into the cache) and attention
             project_add_norm("wo", att, wo, mlp_norm)
-            if "gate_up" in small:
-                o.small_gemm(h, w_gate_up, act, swiglu=True)
-            else:
-                o.gemm(h, w_gate_up, gu)
-                o.swiglu(gu, act)
+            o.gemm(h, w_gate_up, gu)
+            o.swiglu(gu, act)
             project_add_norm("w_down", act, w_down, next_norm)
 
     def rope(self, ws: Workspace, rows: int, layer: int, qkv: cp.ndarray, bias) -> cp.ndarray:
@@ -116,10 +108,10 @@ class LayerLoop:
         return q
 
     def decode_body(self, ws: Workspace, b: int, sample: bool, host_ints: int, host_out: int, width: int,
-                    split: tuple[str, ...], gumbel: cp.ndarray, small: tuple[str, ...] = ()) -> None:
+                    split: tuple[str, ...], gumbel: cp.ndarray) -> None:
         """Bucket b's decode step: inputs in from pinned memory at device address `host_ints`
         (`width` columns a field), the model, the head, and with `sample` the sampler, its
-        tokens and log-probabilities out to `host_out` (split, small: forward's)."""
+        tokens and log-probabilities out to `host_out`."""
         self.ops.copy_rows(host_ints, width, ws.ints, width, NUM_FIELDS, b)
         slots, seq_lens = ws.ints[SLOTS, :b], ws.ints[SEQ_LENS, :b]
         part_acc, part_ml = ws.part_acc[:b], ws.part_ml[:b]
@@ -133,7 +125,7 @@ class LayerLoop:
                 self.ops.attention_decode(self.rope(ws, b, layer, qkv, bias), cache, slots, seq_lens, part_acc,
                                           part_ml, att)
 
-        self.forward(ws, b, attention, split=split, feed=True, small=small)
+        self.forward(ws, b, attention, split=split, feed=True)
         self.ops.gemm(ws.h[:b], self.head, ws.logits[:b])
         if sample:  # every row of the bucket: padding rows draw harmless greedy tokens
             gpu_sampler.launch(ws.logits[:b], ws.ints[PARAMS:PARAMS + 5], ws.out[0], ws.out[1].view(np.float32),

@@ -11,15 +11,14 @@ import re
 from importlib import resources
 from pathlib import Path
 
-from ratchet.engine.cuda.plan import SPLIT_K, small_gemm_plan
+from ratchet.engine.cuda.plan import SPLIT_K
 
 # the sources ship inside the package (a wheel has them too); RATCHET_KERNEL_DIR points elsewhere
 KERNEL_DIR = Path(os.environ.get("RATCHET_KERNEL_DIR") or str(resources.files("ratchet.engine.cuda") / "kernels"))
 
 BASE_OPTIONS = ("-std=c++17",)
 # Element-wise kernels: no fused multiply-add, so each fp32 product and sum rounds on its own.
-# small_gemm: its products are mma (unaffected), its SwiGLU epilogue must round as swiglu.cu.
-NO_FMA = ("rmsnorm", "rope", "swiglu", "convert", "telemetry", "embedding", "sampler", "small_gemm")
+NO_FMA = ("rmsnorm", "rope", "swiglu", "convert", "telemetry", "embedding", "sampler")
 FORBIDDEN_OPTIONS = ("--use_fast_math", "-use_fast_math")
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
@@ -117,24 +116,9 @@ def tensor_core_decode(dtype: str, head_dim: int, group: int) -> bool:
     return dtype in ("fp16", "bf16") and head_dim in (64, 128) and 1 <= group <= 16
 
 
-def small_gemm_expressions(dtype: str, k: int) -> tuple[str, str]:
-    """small_gemm's two instances for an engine dtype and inner size k: qkv (fp32 out), gate_up
-    with SwiGLU; () where small_gemm does not apply (fp32, or plan.small_gemm_plan's None)."""
-    plan = small_gemm_plan(k)
-    if dtype not in ("fp16", "bf16") or plan is None:
-        return ()
-    warps, chunks = plan
-    tag = DTYPE_TAGS[dtype]
-    return (f"small_gemm<{tag}, {warps}, {chunks}, 1, 0>", f"small_gemm<{tag}, {warps}, {chunks}, 2, 1>")
-
-
-def expressions(name: str, dtypes=("fp32", "fp16", "bf16"), attn_shapes=((64, 7),),
-                hidden_sizes=(896,)) -> tuple[str, ...]:
-    """The template instances of one kernel file for the given dtypes, (head_dim, group) and
-    hidden sizes (the inner size of small_gemm's products)."""
+def expressions(name: str, dtypes=("fp32", "fp16", "bf16"), attn_shapes=((64, 7),)) -> tuple[str, ...]:
+    """The template instances of one kernel file for the given dtypes and (head_dim, group)."""
     tags = [DTYPE_TAGS[d] for d in dtypes]
-    if name == "small_gemm":
-        return tuple(e for d in dtypes for k in hidden_sizes for e in small_gemm_expressions(d, k))
     if name in ("sampler", "staging"):  # extern "C", no templates
         return ()
     if name == "convert":

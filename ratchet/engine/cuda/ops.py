@@ -22,14 +22,11 @@ from ratchet.engine.cuda.cublas import (
 from ratchet.engine.cuda.launch import pdl_kernel
 from ratchet.engine.cuda.plan import (
     DECODE_TILE,
-    SMALL_GEMM_MAX_ROWS,
     SPLIT_K,
     decode_split,
     mma_decode_plan,
     prefill_tiles,
     rms_norm_kernel,
-    small_gemm_plan,
-    small_gemm_smem,
 )
 
 STORAGE = {"fp32": np.float32, "fp16": np.float16, "bf16": np.uint16}  # bf16 as its bit patterns
@@ -67,10 +64,9 @@ def _check(a: cp.ndarray, name: str, shape: tuple | None = None, dtype=None) -> 
 
 
 class Ops:
-    """The kernels of one engine dtype and one attention shape (head_dim, group); with
-    `hidden`, small_gemm's products of that inner size where they apply (`small_k`)."""
+    """The kernels of one engine dtype and one attention shape (head_dim, group)."""
 
-    def __init__(self, dtype: str, head_dim: int, group: int, hidden: int | None = None):
+    def __init__(self, dtype: str, head_dim: int, group: int):
         if dtype not in STORAGE:
             raise ValueError(f"cuda ops: dtype {dtype!r} is not one of {tuple(STORAGE)}")
         self.dtype, self.head_dim, self.group = dtype, head_dim, group
@@ -97,27 +93,9 @@ class Ops:
         self.f_convert = {"fp16": convert_module.get_function("convert_f32<0>"),
                           "bf16": convert_module.get_function("convert_f32<1>")}
         self.f_copy_rows = pdl_kernel(loader.load("staging").get_function("copy_rows"))
-        self._load_small_gemm(hidden)
         self.blas = Cublas()
         self._one = np.ones(1, dtype=np.float32)
         self._zero = np.zeros(1, dtype=np.float32)
-
-    def _load_small_gemm(self, hidden: int | None) -> None:
-        """small_gemm's qkv and SwiGLU instances for K = hidden, their shared memory opted in
-        for 64 rows; small_k stays None where they do not apply."""
-        self.small_k, self.small_plan, self.f_small = None, None, {}
-        exprs = loader.small_gemm_expressions(self.dtype, hidden) if hidden else ()
-        if not exprs:
-            return
-        module = loader.load("small_gemm", exprs)
-        self.small_plan = small_gemm_plan(hidden)
-        warps = self.small_plan[0]
-        for swiglu, expr in zip((False, True), exprs):
-            raw = module.get_function(expr)
-            raw.max_dynamic_shared_size_bytes = small_gemm_smem(SMALL_GEMM_MAX_ROWS, hidden, 2 if swiglu else 1, warps)
-            self.f_small[swiglu] = pdl_kernel(raw)
-        self.num_sms = cp.cuda.Device().attributes["MultiProcessorCount"]
-        self.small_k = hidden
 
     def close(self) -> None:
         if getattr(self, "blas", None) is not None:
@@ -169,33 +147,6 @@ class Ops:
                                           x.data.ptr, CUDA_R[self.dtype], k, ks,
                                           self._zero.ctypes.data, parts.data.ptr, CUDA_R["fp32"], n, rows * n, s,
                                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
-
-    def small_gemm(self, x: cp.ndarray, w: cp.ndarray, out: cp.ndarray, swiglu: bool = False) -> None:
-        """A decode bucket's product on the tensor cores (small_gemm.cu), rows <= 64, K = small_k:
-        out fp32 [R, N] = x [R, K] @ w [N, K]^T (qkv), or with `swiglu` w = [gate | up] [2F, K]
-        and out [R, F] in the engine dtype = swiglu(the product rounded to the engine dtype), as
-        gemm then swiglu would store it (their sums run in another order)."""
-        if self.small_k is None:
-            raise ValueError(f"small_gemm: not available for {self.dtype} (hidden size not supported)")
-        rows, k = x.shape
-        n = w.shape[0]
-        _check(x, "small_gemm x", (rows, self.small_k), self.storage)
-        _check(w, "small_gemm w", (n, k), self.storage)
-        n_out = n // 2 if swiglu else n
-        _check(out, "small_gemm out", (rows, n_out), self.storage if swiglu else np.float32)
-        if rows > SMALL_GEMM_MAX_ROWS:
-            raise ValueError(f"small_gemm: {rows} rows, at most {SMALL_GEMM_MAX_ROWS}")
-        if n_out % 8 or (swiglu and n % 2):
-            raise ValueError(f"small_gemm: {n} weight rows do not make whole tiles of 8 outputs")
-        if not _aligned16(x, w) or out.data.ptr % 8:
-            raise ValueError("small_gemm: x and w must start on 16-byte boundaries, out on 8")
-        if not rows:
-            return
-        warps = self.small_plan[0]
-        tiles = n_out // 8
-        self.f_small[swiglu]((min(tiles, self.num_sms),), (32 * warps,),
-                             (x, w, out, _i32(rows), _i32(n_out), _i32(tiles)),
-                             shared_mem=small_gemm_smem(rows, k, 2 if swiglu else 1, warps))
 
     # ---------------------------------------------------------------- element-wise
 

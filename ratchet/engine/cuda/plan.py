@@ -90,36 +90,6 @@ def chunk_descriptors(src_ptrs, dst_ptrs, sizes, chunk: int = TELEMETRY_CHUNK) -
     return np.array(list(zip(src_ptrs, dst_ptrs, sizes, first)), dtype=np.int64).reshape(-1, 4), table
 
 
-# small_gemm.cu: qkv and gate_up (with SwiGLU) of decode buckets of at most SMALL_GEMM_MAX_ROWS rows,
-# K cut into chunks of 32 over 4 to 16 warps, at most SMALL_GEMM_MAX_CHUNKS a warp (a tile's and
-# the next tile's weights in registers), the rows in shared memory (opt-in up to 227 KiB on sm_90)
-SMALL_GEMM_MAX_ROWS = 64
-SMALL_GEMM_MAX_CHUNKS = 8
-SMALL_GEMM_SMEM = 227 * 1024
-SMALL_GEMM_PRODUCTS = ("qkv", "gate_up")
-
-
-def small_gemm_smem(rows: int, k: int, nt8: int, warps: int) -> int:
-    """Bytes of dynamic shared memory of small_gemm: the rows (in whole m16 tiles, 16-bit) and
-    each warp's partial sums (4 m tiles x nt8 n8 tiles x 32 lanes x a float4)."""
-    return -(-rows // 16) * 16 * k * 2 + warps * 4 * nt8 * 32 * 16
-
-
-def small_gemm_plan(k: int) -> tuple[int, int] | None:
-    """(warps, chunks of 32 a warp) of small_gemm for inner size k, or None where it does not
-    apply (k not a multiple of 32, no split fits the registers, or 64 rows of k values and the
-    partials exceed the shared memory: Qwen2.5-7B's 3584)."""
-    if k <= 0 or k % 32:
-        return None
-    chunks = k // 32
-    for warps in range(4, 17):
-        if chunks % warps == 0 and chunks // warps <= SMALL_GEMM_MAX_CHUNKS:
-            if small_gemm_smem(SMALL_GEMM_MAX_ROWS, k, 2, warps) <= SMALL_GEMM_SMEM:
-                return warps, chunks // warps
-            return None
-    return None
-
-
 def split_k(rows: int, k: int) -> int:
     """K slices for a decode bucket's wo / w_down product of inner size k (0: one product)."""
     if rows <= SPLIT_K_MAX_ROWS and k % SPLIT_K == 0 and (k // SPLIT_K) % 8 == 0:

@@ -10,7 +10,6 @@
 // Scores are fp32 dot products times `scale`; softmax and the weighted sum of V in fp32.
 #include "dtype.cuh"
 #include "rope.cuh"
-#include "tensor_core.cuh"
 
 #define TILE 64     // positions per tile == threads per block
 #define PV_BATCH 8  // V rows a thread loads ahead in the weighted sum
@@ -198,6 +197,35 @@ __global__ void attn_decode_combine(const float* __restrict__ part_acc, const fl
 // warps merge through shared memory (dynamic: W G (HD + 2) floats), and the block writes the
 // normalised output (nsplit == 1: no combine) or its split's partials for the combine.
 #define MMA_MAX_WARPS 16
+
+template <class D>
+struct TensorCore;
+
+template <>
+struct TensorCore<F16> {
+    static constexpr int TERMS = 2;  // fp16 terms of P: 11 + 11 bits
+    static __device__ __forceinline__ void mma(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+            "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+
+template <>
+struct TensorCore<BF16> {
+    static constexpr int TERMS = 3;  // bf16 terms of P: 8 + 8 + 8 bits
+    static __device__ __forceinline__ void mma(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+            "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+
+__device__ __forceinline__ unsigned word_of(const uint4& v, int i) {
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
 
 // x, y (fp32) as TERMS packed pairs whose sum is x, y to ~8 TERMS + 6 bits: each term is the
 // rounding of what the previous ones left (the difference is exact in fp32).
