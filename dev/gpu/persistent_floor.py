@@ -1,0 +1,113 @@
+"""The floor of a persistent decode kernel (docs/KERNELS.md, goal 7's route): one launch that
+streams a step's bytes phase by phase, a grid-wide barrier between phases, and no arithmetic.
+Qwen2.5-0.5B at B = 64 (fp16): per layer [qkv], [attention: the rows' K and V at a mean
+context], [wo], [gate_up], [w_down], then the head. Timed with CUDA events:
+- `stream`: the bytes with a barrier after every phase (the megakernel's memory floor);
+- `no barriers`: the same bytes in one sweep a phase, no barrier (bandwidth alone);
+- `barriers only`: the barriers without the loads (their cost alone).
+
+    python -m dev.gpu.persistent_floor [--rows 64] [--context 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import cupy as cp
+import numpy as np
+
+SOURCE = r"""
+__device__ __forceinline__ uint4 ldg(const uint4* p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+    return r;
+}
+
+// Sense-reversing grid barrier: every block of the grid resident (one a multiprocessor).
+__device__ __forceinline__ void grid_barrier(unsigned* count, volatile unsigned* gen, unsigned nblocks) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const unsigned g = *gen;
+        __threadfence();
+        if (atomicAdd(count, 1u) == nblocks - 1) {
+            *count = 0;
+            __threadfence();
+            atomicAdd((unsigned*)gen, 1u);
+        } else {
+            while (*gen == g) {}
+        }
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+// phases[i] = 16-byte vectors of phase i (consecutive in `data`); barrier after each if `sync`.
+extern "C" __global__ void __launch_bounds__(512, 1)
+stream_phases(const uint4* __restrict__ data, const long long* __restrict__ phases, int nphases, int sync,
+              int load, unsigned* count, unsigned* gen, unsigned* sink) {
+    unsigned acc = 0;
+    long long base = 0;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (int p = 0; p < nphases; ++p) {
+        const long long n = phases[p];
+        if (load) {
+            long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+            for (; i + 3 * stride < n; i += 4 * stride) {
+                const uint4 a = ldg(data + base + i), b = ldg(data + base + i + stride);
+                const uint4 c = ldg(data + base + i + 2 * stride), d = ldg(data + base + i + 3 * stride);
+                acc ^= a.x ^ b.y ^ c.z ^ d.w;
+            }
+            for (; i < n; i += stride) acc ^= ldg(data + base + i).x;
+        }
+        base += n;
+        if (sync) grid_barrier(count, gen, gridDim.x);
+    }
+    if (acc == 0x9e3779b9u) sink[0] = acc;  // keeps the loads
+}
+"""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=64)
+    ap.add_argument("--context", type=int, default=256)
+    args = ap.parse_args()
+    layers, d, inter, q_heads, kv_heads, hd, vocab = 24, 896, 4864, 14, 2, 64, 151936
+    qkv = (q_heads + 2 * kv_heads) * hd * d * 2
+    kv = args.rows * args.context * 2 * kv_heads * hd * 2
+    per_layer = [qkv, kv, q_heads * hd * d * 2, 2 * inter * d * 2, inter * d * 2]
+    phases = per_layer * layers + [vocab * d * 2]
+    vec = [-(-b // 16) for b in phases]
+    total = int(sum(vec))
+    data4 = cp.full(total * 4, 1, dtype=np.uint32)  # 16-byte vectors, read as uint4 by the kernel
+    fn = cp.RawKernel(SOURCE, "stream_phases", options=("-std=c++17",))
+    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+    phases_d = cp.asarray(np.array(vec, dtype=np.int64))
+    count, gen, sink = cp.zeros(1, np.uint32), cp.zeros(1, np.uint32), cp.zeros(1, np.uint32)
+
+    def timed(sync: int, load: int, reps: int = 50) -> float:
+        args_ = (data4, phases_d, np.int32(len(vec)), np.int32(sync), np.int32(load), count, gen, sink)
+        for _ in range(5):
+            fn((sms,), (512,), args_)
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        for _ in range(reps):
+            fn((sms,), (512,), args_)
+        end.record()
+        end.synchronize()
+        return cp.cuda.get_elapsed_time(start, end) * 1e3 / reps
+
+    out = {"rows": args.rows, "context": args.context, "phases": len(vec), "barriers": len(vec),
+           "bytes_MB": 16 * total / 1e6, "roofline_us_at_4.2TBps": 16 * total / 4.2e12 * 1e6}
+    out["stream us"] = timed(1, 1)
+    out["no barriers us"] = timed(0, 1)
+    out["barriers only us"] = timed(1, 0)
+    out["barrier us each"] = out["barriers only us"] / len(vec)
+    out["stream TB/s"] = 16 * total / (out["stream us"] * 1e-6) / 1e12
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
