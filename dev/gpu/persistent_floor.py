@@ -53,16 +53,15 @@ stream_phases(const uint4* __restrict__ data, const long long* __restrict__ phas
     const long long stride = (long long)gridDim.x * blockDim.x;
     const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     uint4 pre[4];
-    bool have = false;  // sync == 2: pre holds this phase's first four loads, issued before the last barrier
+    int npre = 0;  // sync == 2: pre holds this phase's first npre loads, issued before the last barrier
     for (int p = 0; p < nphases; ++p) {
         const long long n = phases[p];
         if (load) {
             long long i = first;
-            if (have) {
-                acc ^= pre[0].x ^ pre[1].y ^ pre[2].z ^ pre[3].w;
-                i += 4 * stride;
-                have = false;
-            }
+            for (int j = 0; j < 4; ++j)
+                if (j < npre) acc ^= pre[j].x;
+            i += npre * stride;
+            npre = 0;
             for (; i + 3 * stride < n; i += 4 * stride) {
                 const uint4 a = ldg(data + base + i), b = ldg(data + base + i + stride);
                 const uint4 c = ldg(data + base + i + 2 * stride), d = ldg(data + base + i + 3 * stride);
@@ -71,10 +70,13 @@ stream_phases(const uint4* __restrict__ data, const long long* __restrict__ phas
             for (; i < n; i += stride) acc ^= ldg(data + base + i).x;
         }
         base += n;
-        if (sync == 2 && load && p + 1 < nphases && first + 3 * stride < phases[p + 1]) {
+        if (sync == 2 && load && p + 1 < nphases) {
             // the next phase's first loads go out before the barrier: weights wait on nothing
-            for (int j = 0; j < 4; ++j) pre[j] = ldg(data + base + first + j * stride);
-            have = true;
+            for (int j = 0; j < 4; ++j)
+                if (first + j * stride < phases[p + 1]) {
+                    pre[j] = ldg(data + base + first + j * stride);
+                    npre = j + 1;
+                }
         }
         if (sync) grid_barrier(count, gen, gridDim.x);
     }
