@@ -5,7 +5,8 @@ context], [wo], [gate_up], [w_down], then the head. Timed with CUDA events:
 - `stream`: the bytes with a barrier after every phase (the megakernel's memory floor), and
   with the next phase's first loads issued before each barrier (weights depend on nothing);
 - `no barriers`: the same bytes in one sweep a phase, no barrier (bandwidth alone);
-- `barriers only`: the barriers without the loads (their cost alone).
+- `barriers only`: the barriers without the loads (their cost alone);
+each with an atomic counter's barrier and with one of flags (a block's epoch each, no atomics).
 
     python -m dev.gpu.persistent_floor [--rows 64] [--context 256]
 """
@@ -44,10 +45,24 @@ __device__ __forceinline__ void grid_barrier(unsigned* count, volatile unsigned*
     __syncthreads();
 }
 
+// A barrier without atomics: each block publishes its epoch in its own flag (release), and
+// thread t < gridDim.x of every block waits for block t's (acquire); epochs only grow.
+__device__ __forceinline__ void flag_barrier(unsigned* flags, unsigned epoch) {
+    __syncthreads();
+    if (threadIdx.x == 0) asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(flags + blockIdx.x), "r"(epoch) : "memory");
+    if (threadIdx.x < gridDim.x) {
+        unsigned seen;
+        do {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(flags + threadIdx.x) : "memory");
+        } while (seen < epoch);
+    }
+    __syncthreads();
+}
+
 // phases[i] = 16-byte vectors of phase i (consecutive in `data`); barrier after each if `sync`.
 extern "C" __global__ void __launch_bounds__(512, 1)
 stream_phases(const uint4* __restrict__ data, const long long* __restrict__ phases, int nphases, int sync,
-              int load, unsigned* count, unsigned* gen, unsigned* sink) {
+              int load, unsigned* count, unsigned* gen, unsigned* sink, unsigned* flags, unsigned epoch0) {
     unsigned acc = 0;
     long long base = 0;
     const long long stride = (long long)gridDim.x * blockDim.x;
@@ -70,7 +85,7 @@ stream_phases(const uint4* __restrict__ data, const long long* __restrict__ phas
             for (; i < n; i += stride) acc ^= ldg(data + base + i).x;
         }
         base += n;
-        if (sync == 2 && load && p + 1 < nphases) {
+        if ((sync == 2 || sync == 4) && load && p + 1 < nphases) {
             // the next phase's first loads go out before the barrier: weights wait on nothing
             for (int j = 0; j < 4; ++j)
                 if (first + j * stride < phases[p + 1]) {
@@ -78,7 +93,10 @@ stream_phases(const uint4* __restrict__ data, const long long* __restrict__ phas
                     npre = j + 1;
                 }
         }
-        if (sync) grid_barrier(count, gen, gridDim.x);
+        if (sync >= 3)
+            flag_barrier(flags, epoch0 + p + 1);
+        else if (sync)
+            grid_barrier(count, gen, gridDim.x);
     }
     if (acc == 0x9e3779b9u) sink[0] = acc;  // keeps the loads
 }
@@ -103,14 +121,20 @@ def main() -> None:
     phases_d = cp.asarray(np.array(vec, dtype=np.int64))
     count, gen, sink = cp.zeros(1, np.uint32), cp.zeros(1, np.uint32), cp.zeros(1, np.uint32)
 
+    flags, epoch = cp.zeros(sms, np.uint32), [0]
+
+    def launch(sync: int, load: int) -> None:
+        fn((sms,), (512,), (data4, phases_d, np.int32(len(vec)), np.int32(sync), np.int32(load), count, gen, sink,
+                            flags, np.uint32(epoch[0])))
+        epoch[0] += len(vec)
+
     def timed(sync: int, load: int, reps: int = 50) -> float:
-        args_ = (data4, phases_d, np.int32(len(vec)), np.int32(sync), np.int32(load), count, gen, sink)
         for _ in range(5):
-            fn((sms,), (512,), args_)
+            launch(sync, load)
         start, end = cp.cuda.Event(), cp.cuda.Event()
         start.record()
         for _ in range(reps):
-            fn((sms,), (512,), args_)
+            launch(sync, load)
         end.record()
         end.synchronize()
         return cp.cuda.get_elapsed_time(start, end) * 1e3 / reps
@@ -119,6 +143,9 @@ def main() -> None:
            "bytes_MB": 16 * total / 1e6, "roofline_us_at_4.2TBps": 16 * total / 4.2e12 * 1e6}
     out["stream us"] = timed(1, 1)
     out["stream, next phase's first loads before each barrier, us"] = timed(2, 1)
+    out["stream, flag barriers, us"] = timed(3, 1)
+    out["stream, flag barriers and the next phase's first loads before each, us"] = timed(4, 1)
+    out["flag barriers only us"] = timed(3, 0)
     out["no barriers us"] = timed(0, 1)
     out["barriers only us"] = timed(1, 0)
     out["barrier us each"] = out["barriers only us"] / len(vec)
