@@ -6,7 +6,10 @@ context], [wo], [gate_up], [w_down], then the head. Timed with CUDA events:
   with the next phase's first loads issued before each barrier (weights depend on nothing);
 - `no barriers`: the same bytes in one sweep a phase, no barrier (bandwidth alone);
 - `barriers only`: the barriers without the loads (their cost alone);
-each with an atomic counter's barrier and with one of flags (a block's epoch each, no atomics).
+each with an atomic counter's barrier and with one of flags (a block's epoch each, no atomics);
+- `ring`: each block streams its share of every phase through 8 stages of shared memory
+  (cp.async) ahead of what it consumes, so the next phases' loads are in flight while it waits
+  at a barrier: the floor of a kernel whose weight stream never waits on the grid.
 
     python -m dev.gpu.persistent_floor [--rows 64] [--context 256]
 """
@@ -57,6 +60,88 @@ __device__ __forceinline__ void flag_barrier(unsigned* flags, unsigned epoch) {
         } while (seen < epoch);
     }
     __syncthreads();
+}
+
+// The loads decoupled from the barriers: each block streams its own contiguous share of every
+// phase through a ring of RING stages of shared memory (cp.async), RING - 1 stages ahead of
+// the stage it consumes, so the loads of the next phases are in flight while the block waits
+// at a phase boundary (flag_barrier) before consuming them. `sync` 0: no barriers.
+#define RING 8
+#define SV 1024  // 16-byte vectors a stage (16 KiB), 2 a thread of 512
+
+struct Cursor {  // a walk over this block's stages, phase by phase
+    int phase = 0;
+    long long base = 0, done = 0;
+};
+
+__device__ __forceinline__ void block_chunk(const long long* phases, int p, long long base, long long& lo,
+                                            long long& n) {
+    const long long all = phases[p];
+    lo = base + all * blockIdx.x / gridDim.x;
+    n = base + all * (blockIdx.x + 1) / gridDim.x - lo;
+}
+
+// The cursor's next stage: (first vector, count, phase); count 0 once every phase is done.
+__device__ __forceinline__ int next_stage(Cursor& c, const long long* phases, int nphases, long long& first,
+                                          int& phase) {
+    while (c.phase < nphases) {
+        long long lo, n;
+        block_chunk(phases, c.phase, c.base, lo, n);
+        if (c.done < n) {
+            const int count = (int)min((long long)SV, n - c.done);
+            first = lo + c.done;
+            phase = c.phase;
+            c.done += count;
+            return count;
+        }
+        c.base += phases[c.phase];
+        ++c.phase;
+        c.done = 0;
+    }
+    return 0;
+}
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+
+extern "C" __global__ void __launch_bounds__(512, 1)
+stream_ring(const uint4* __restrict__ data, const long long* __restrict__ phases, int nphases, int sync,
+            unsigned* flags, unsigned epoch0, unsigned* sink) {
+    extern __shared__ uint4 ring[];  // RING x SV
+    Cursor prod, cons;
+    unsigned acc = 0;
+    int issued = 0;
+    auto issue = [&]() {  // the producer's next stage into slot issued % RING (or an empty group)
+        long long first;
+        int phase;
+        const int count = next_stage(prod, phases, nphases, first, phase);
+        uint4* slot = ring + (issued % RING) * SV;
+        for (int v = threadIdx.x; v < count; v += blockDim.x) cp_async16(slot + v, data + first + v);
+        asm volatile("cp.async.commit_group;" ::: "memory");
+        ++issued;
+    };
+    for (int s = 0; s < RING - 1; ++s) issue();
+    int current = -1;  // the phase being consumed
+    for (int k = 0;; ++k) {
+        issue();  // into the slot consumed at k - 1
+        long long first;
+        int phase;
+        const int count = next_stage(cons, phases, nphases, first, phase);
+        if (count == 0) break;
+        asm volatile("cp.async.wait_group %0;" ::"n"(RING - 1) : "memory");
+        __syncthreads();
+        if (phase != current) {  // a phase boundary: every block done with the phases before
+            if (sync && current >= 0) flag_barrier(flags, epoch0 + (unsigned)phase);
+            current = phase;
+        }
+        const uint4* slot = ring + (k % RING) * SV;
+        for (int v = threadIdx.x; v < count; v += blockDim.x) acc ^= slot[v].x;
+        __syncthreads();  // the slot is free for the issue of k + 1
+    }
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    if (acc == 0x9e3779b9u) sink[0] = acc;
 }
 
 // phases[i] = 16-byte vectors of phase i (consecutive in `data`); barrier after each if `sync`.
@@ -147,6 +232,28 @@ def main() -> None:
     out["stream, flag barriers and the next phase's first loads before each, us"] = timed(4, 1)
     out["flag barriers only us"] = timed(3, 0)
     out["no barriers us"] = timed(0, 1)
+    ring = cp.RawModule(code=SOURCE, options=("-std=c++17",)).get_function("stream_ring")
+    ring_smem = 8 * 1024 * 16  # RING x SV x 16 bytes
+    ring.max_dynamic_shared_size_bytes = ring_smem
+
+    def ring_launch(sync: int) -> None:
+        ring((sms,), (512,), (data4, phases_d, np.int32(len(vec)), np.int32(sync), flags, np.uint32(epoch[0]), sink),
+             shared_mem=ring_smem)
+        epoch[0] += len(vec)
+
+    def ring_timed(sync: int, reps: int = 50) -> float:
+        for _ in range(5):
+            ring_launch(sync)
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        for _ in range(reps):
+            ring_launch(sync)
+        end.record()
+        end.synchronize()
+        return cp.cuda.get_elapsed_time(start, end) * 1e3 / reps
+
+    out["ring, 8 stages of 16 KiB ahead, no barriers, us"] = ring_timed(0)
+    out["ring, 8 stages of 16 KiB ahead, a flag barrier at every phase, us"] = ring_timed(1)
     out["barriers only us"] = timed(1, 0)
     out["barrier us each"] = out["barriers only us"] / len(vec)
     out["stream TB/s"] = 16 * total / (out["stream us"] * 1e-6) / 1e12
