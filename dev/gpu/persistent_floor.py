@@ -201,60 +201,48 @@ def main() -> None:
     vec = [-(-b // 16) for b in phases]
     total = int(sum(vec))
     data4 = cp.full(total * 4, 1, dtype=np.uint32)  # 16-byte vectors, read as uint4 by the kernel
-    fn = cp.RawKernel(SOURCE, "stream_phases", options=("-std=c++17",))
+    module = cp.RawModule(code=SOURCE, options=("-std=c++17",))  # both kernels, one compile
+    fn, ring = module.get_function("stream_phases"), module.get_function("stream_ring")
+    ring_smem = 8 * 1024 * 16  # RING x SV x 16 bytes
+    ring.max_dynamic_shared_size_bytes = ring_smem
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
     phases_d = cp.asarray(np.array(vec, dtype=np.int64))
     count, gen, sink = cp.zeros(1, np.uint32), cp.zeros(1, np.uint32), cp.zeros(1, np.uint32)
-
-    flags, epoch = cp.zeros(sms, np.uint32), [0]
+    flags, epoch = cp.zeros(sms, np.uint32), [0]  # flag barriers' epochs grow from launch to launch
 
     def launch(sync: int, load: int) -> None:
         fn((sms,), (512,), (data4, phases_d, np.int32(len(vec)), np.int32(sync), np.int32(load), count, gen, sink,
                             flags, np.uint32(epoch[0])))
         epoch[0] += len(vec)
 
-    def timed(sync: int, load: int, reps: int = 50) -> float:
+    def ring_launch(sync: int) -> None:
+        ring((sms,), (512,), (data4, phases_d, np.int32(len(vec)), np.int32(sync), flags, np.uint32(epoch[0]), sink),
+             shared_mem=ring_smem)
+        epoch[0] += len(vec)
+
+    def timed(call, reps: int = 50) -> float:
+        """Microseconds a launch of `call()`, over `reps` after 5 to warm up."""
         for _ in range(5):
-            launch(sync, load)
+            call()
         start, end = cp.cuda.Event(), cp.cuda.Event()
         start.record()
         for _ in range(reps):
-            launch(sync, load)
+            call()
         end.record()
         end.synchronize()
         return cp.cuda.get_elapsed_time(start, end) * 1e3 / reps
 
     out = {"rows": args.rows, "context": args.context, "phases": len(vec), "barriers": len(vec),
            "bytes_MB": 16 * total / 1e6, "roofline_us_at_4.2TBps": 16 * total / 4.2e12 * 1e6}
-    out["stream us"] = timed(1, 1)
-    out["stream, next phase's first loads before each barrier, us"] = timed(2, 1)
-    out["stream, flag barriers, us"] = timed(3, 1)
-    out["stream, flag barriers and the next phase's first loads before each, us"] = timed(4, 1)
-    out["flag barriers only us"] = timed(3, 0)
-    out["no barriers us"] = timed(0, 1)
-    ring = cp.RawModule(code=SOURCE, options=("-std=c++17",)).get_function("stream_ring")
-    ring_smem = 8 * 1024 * 16  # RING x SV x 16 bytes
-    ring.max_dynamic_shared_size_bytes = ring_smem
-
-    def ring_launch(sync: int) -> None:
-        ring((sms,), (512,), (data4, phases_d, np.int32(len(vec)), np.int32(sync), flags, np.uint32(epoch[0]), sink),
-             shared_mem=ring_smem)
-        epoch[0] += len(vec)
-
-    def ring_timed(sync: int, reps: int = 50) -> float:
-        for _ in range(5):
-            ring_launch(sync)
-        start, end = cp.cuda.Event(), cp.cuda.Event()
-        start.record()
-        for _ in range(reps):
-            ring_launch(sync)
-        end.record()
-        end.synchronize()
-        return cp.cuda.get_elapsed_time(start, end) * 1e3 / reps
-
-    out["ring, 8 stages of 16 KiB ahead, no barriers, us"] = ring_timed(0)
-    out["ring, 8 stages of 16 KiB ahead, a flag barrier at every phase, us"] = ring_timed(1)
-    out["barriers only us"] = timed(1, 0)
+    out["stream us"] = timed(lambda: launch(1, 1))
+    out["stream, next phase's first loads before each barrier, us"] = timed(lambda: launch(2, 1))
+    out["stream, flag barriers, us"] = timed(lambda: launch(3, 1))
+    out["stream, flag barriers and the next phase's first loads before each, us"] = timed(lambda: launch(4, 1))
+    out["flag barriers only us"] = timed(lambda: launch(3, 0))
+    out["no barriers us"] = timed(lambda: launch(0, 1))
+    out["barriers only us"] = timed(lambda: launch(1, 0))
+    out["ring, 8 stages of 16 KiB ahead, no barriers, us"] = timed(lambda: ring_launch(0))
+    out["ring, 8 stages of 16 KiB ahead, a flag barrier at every phase, us"] = timed(lambda: ring_launch(1))
     out["barrier us each"] = out["barriers only us"] / len(vec)
     out["stream TB/s"] = 16 * total / (out["stream us"] * 1e-6) / 1e12
     print(json.dumps(out, indent=1))
