@@ -1,4 +1,4 @@
-"""A lab probe (issue 18, goal 5): ablate.fp32_matmul's tf32x3 against cuBLAS's fp32 (ieee),
+"""A lab probe (issue 18, goal 5): dev/tf32x3.py's tf32x3 against cuBLAS's fp32 (ieee),
 one TF32 product and bf16, at the trainer's products for 0.5B shapes and 2,048 tokens a pass:
 the time of a forward and its backward (both products) through autograd, each one's error
 against float64 (the worst of y, dx, dw) and the memory it held above its inputs.
@@ -12,7 +12,7 @@ import json
 import torch
 import torch.nn.functional as F
 
-from ratchet.trainer.fp32_matmul import linear, set_fp32_matmul
+from dev.tf32x3 import linear, set_fp32_matmul
 
 SHAPES = {  # name -> (in features, out features), Qwen2.5-0.5B
     "qkv": (896, 1152), "wo": (896, 896), "gate_up": (896, 9728), "down": (4864, 896),

@@ -60,7 +60,6 @@ class AblateSettings:
     micro_batch_tokens: int | None  # None: train.micro_batch_tokens
     compute_dtype: str  # the runs' trainer arithmetic (ablate.compute_dtype, not train's)
     updates_compute_dtype: str | None  # ablate_decompose's run (None: compute_dtype)
-    fp32_matmul: str  # how its fp32 products run on a GPU (trainer/fp32_matmul.py)
     max_steps_per_update: int
     eval_problems: int | None
     batch_invariant: bool  # the ablations' engines (see Setup.batch_invariant)

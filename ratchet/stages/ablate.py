@@ -39,11 +39,9 @@ def make_setup(cfg: dict, with_eval: bool = False):
     from ratchet.mismatch.ablation import AblateSettings, Setup
     from ratchet.model.io import load_engine_model
     from ratchet.rl.task import Task
-    from ratchet.trainer.fp32_matmul import set_fp32_matmul
 
     paths = RunPaths.from_config(cfg)
     settings = AblateSettings.from_config(cfg)
-    set_fp32_matmul(settings.fp32_matmul)
     e = cfg["engine"]
     backend = resolve_backend(e["backend"])
     model = load_engine_model(paths.model)

@@ -16,7 +16,6 @@ from torch.utils.checkpoint import checkpoint
 from ratchet.model.config import ModelConfig
 from ratchet.model.flat_weights import FlatWeights
 from ratchet.model.layout import check_weights, expected_shapes, flat_offsets, rope_tables
-from ratchet.trainer.fp32_matmul import Linear, linear
 from ratchet.trainer.precision import autocast, rounded_parameters
 
 
@@ -58,11 +57,11 @@ class Block(nn.Module):
         d, hd = cfg.hidden_size, cfg.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, hd
         self.attn_norm = RMSNorm(d, cfg.rms_norm_eps)
-        self.wqkv = Linear(d, cfg.qkv_size, bias=cfg.qkv_bias)
-        self.wo = Linear(cfg.num_heads * hd, d, bias=False)
+        self.wqkv = nn.Linear(d, cfg.qkv_size, bias=cfg.qkv_bias)
+        self.wo = nn.Linear(cfg.num_heads * hd, d, bias=False)
         self.mlp_norm = RMSNorm(d, cfg.rms_norm_eps)
-        self.w_gate_up = Linear(d, 2 * cfg.intermediate_size, bias=False)
-        self.w_down = Linear(cfg.intermediate_size, d, bias=False)
+        self.w_gate_up = nn.Linear(d, 2 * cfg.intermediate_size, bias=False)
+        self.w_down = nn.Linear(cfg.intermediate_size, d, bias=False)
 
     def forward(self, x, cos, sin, mask):
         x = x + self.attention(self.attn_norm(x), cos, sin, mask)
@@ -140,7 +139,7 @@ def head_chunk(h: torch.Tensor, head_weight: torch.Tensor, targets: torch.Tensor
     temperature 1 (x / 1 is x, its gradient too), and the entropy, a metric no gradient flows
     through, outside autograd: it saves nothing for the backward pass, so the checkpoint's
     recompute stops before it. The same values and gradients, bit for bit."""
-    logits = linear(h, head_weight).float()  # [n, V]
+    logits = F.linear(h, head_weight).float()  # [n, V]
     if temperature != 1.0:
         logits = logits / temperature
     logp = torch.log_softmax(logits, dim=-1)
@@ -159,7 +158,7 @@ class Policy(nn.Module):
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         if not cfg.tie_word_embeddings:
-            self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
         self._flat: tuple[FlatWeights, list] | None = None  # flatten_masters' buffer, each parameter's pointer
 

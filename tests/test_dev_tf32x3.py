@@ -1,5 +1,6 @@
-"""ablate.fp32_matmul: the tf32x3 split is exact, its products and gradients are fp32's within
-fp32's class of error, the CPU never takes it, and on a GPU it beats one TF32 product by orders."""
+"""dev/tf32x3.py, the lab's three-TF32-product matmul: the split is exact, the three products
+recompose the product and its gradients (in the CPU's fp32 sums), the CPU never takes it, and on
+a GPU it lands between one TF32 product and cuBLAS's fp32, as the H200 measured."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ratchet.trainer import fp32_matmul
-from ratchet.trainer.fp32_matmul import _LinearTF32x3, linear, mm_tf32x3, set_fp32_matmul, split_tf32
+from dev import tf32x3 as fp32_matmul
+from dev.tf32x3 import _LinearTF32x3, linear, mm_tf32x3, set_fp32_matmul, split_tf32
 
 
 @pytest.fixture
@@ -31,7 +32,7 @@ def test_the_split_is_exact_and_its_high_part_a_tf32_value():
     assert float((lo.abs() / t.t().abs()).max()) < 2.0 ** -10
 
 
-def test_three_products_are_the_product_to_fp32s_class():
+def test_three_products_recompose_the_product():
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(96, 300, generator=g), torch.randn(300, 70, generator=g)
     ref = a.double() @ b.double()
@@ -73,21 +74,10 @@ def test_an_unknown_setting_is_refused_by_name():
     assert fp32_matmul.fp32_matmul() == "ieee"
 
 
-def test_the_config_takes_the_knob_and_names_a_wrong_value():
-    from ratchet import config as config_mod
-    from ratchet.mismatch.ablation import AblateSettings
-
-    cfg = config_mod.load("config/local.yaml", ["ablate.fp32_matmul=tf32x3"])
-    assert AblateSettings.from_config(cfg).fp32_matmul == "tf32x3"
-    assert AblateSettings.from_config(config_mod.load("config/local.yaml", [])).fp32_matmul in fp32_matmul.FP32_MATMULS
-    with pytest.raises(Exception, match="fp32_matmul"):
-        config_mod.load("config/local.yaml", ["ablate.fp32_matmul=fast"])
-
-
 @pytest.mark.gpu
-def test_on_a_gpu_tf32x3_is_fp32s_class_and_one_tf32_product_is_not(tf32x3):
-    """At a trainer's shape: tf32x3 within a few times ieee fp32's error, one TF32 product
-    hundreds of times off; the policy's log-probabilities and gradients under it match ieee."""
+def test_on_a_gpu_tf32x3_lies_between_one_tf32_product_and_ieee(tf32x3):
+    """At a trainer's shape (K = 896): far better than one TF32 product, yet not ieee's error
+    (the tensor cores' accumulation), which is why the ablations keep cuBLAS's fp32."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -101,21 +91,4 @@ def test_on_a_gpu_tf32x3_is_fp32s_class_and_one_tf32_product_is_not(tf32x3):
         one_tf32 = rel_err(F.linear(x, w), ref)
     finally:
         torch.backends.cuda.matmul.fp32_precision = "ieee"
-    assert mine < max(8 * ieee, 1e-6) and one_tf32 > 100 * mine, (ieee, mine, one_tf32)
-
-    from test_policy import make_policy
-
-    policy = make_policy().cuda()
-    prompts, responses = [[1, 2, 3], [4, 5]], [[6, 7, 8, 9], [10, 11]]
-
-    def scored(setting):
-        set_fp32_matmul(setting)
-        policy.zero_grad()
-        lp, mask, _ = policy.token_logprobs(prompts, responses)
-        lp[mask].sum().backward()
-        return lp.detach(), [p.grad.clone() for p in policy.parameters()]
-
-    (lp_ieee, g_ieee), (lp_3, g_3) = scored("ieee"), scored("tf32x3")
-    assert torch.allclose(lp_3, lp_ieee, rtol=0, atol=1e-5)
-    for a, b in zip(g_3, g_ieee):
-        assert torch.allclose(a, b, rtol=1e-4, atol=1e-5)
+    assert 10 * mine < one_tf32 and mine > 2 * ieee, (ieee, mine, one_tf32)

@@ -1,14 +1,16 @@
-"""How the trainer's fp32 products run on a GPU (`ablate.fp32_matmul`): "ieee", cuBLAS's fp32
-units, or "tf32x3", each product as three TF32 products on the tensor cores. An operand a is
-split into hi (a with its 13 low mantissa bits cleared: a TF32 value, exact on the tensor
-cores) and lo = a - hi (exact in fp32), and a b = a_hi b_hi + a_hi b_lo + a_lo b_hi: only the
-lo*lo term (2^-22 of the product) and lo's own TF32 rounding (2^-21) are lost, an error of
-fp32's class at several times its rate. It is the same product in another order of sums, so
-its values differ from ieee's in the last bits; ieee is the default.
+"""A lab experiment (issue 18, goal 5), not part of the product: the trainer's fp32 products as
+three TF32 products on the tensor cores ("tf32x3") instead of cuBLAS's fp32 units ("ieee"). An
+operand a is split into hi (a with its 13 low mantissa bits cleared: a TF32 value, exact on the
+tensor cores) and lo = a - hi (exact in fp32), and a b = a_hi b_hi + a_hi b_lo + a_lo b_hi.
 
-A process's setting, as torch.backends' own matmul flags are: it is read at every product,
-so a checkpoint's recompute in the backward pass takes the same arithmetic as its forward.
-Only fp32 CUDA products outside autocast are affected; the CPU keeps its own fp32 sums."""
+Measured on an H200 (`python3 -m dev.gpu.tf32x3_bench`, docs/KERNELS.md): only ~1.4x faster
+than ieee over the trainer's products, and not of fp32's class: the tensor cores accumulate
+each product in reduced precision, so the error grows with the reduction length (4-70x ieee's,
+worst at the LM head's input gradient). It was taken out of the ablations (`ablate.fp32_matmul`),
+whose fp32 reference must be fp32's; kept here with its probe and tests.
+
+A process's setting, as torch.backends' own matmul flags are; only fp32 CUDA products outside
+autocast take it, the CPU keeps its own fp32 sums."""
 
 from __future__ import annotations
 
