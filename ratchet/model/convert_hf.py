@@ -236,7 +236,8 @@ def fuse(weights: dict[str, np.ndarray], cfg: ModelConfig, where: str) -> dict[s
         if parts is None:
             out[name] = np.ascontiguousarray(weights[name], dtype=np.float32)
         else:
-            out[name] = np.concatenate([weights[p] for p in parts], axis=0).astype(np.float32)
+            # straight into float32: .astype after it copied every fused tensor a second time
+            out[name] = np.concatenate([weights[p] for p in parts], axis=0, dtype=np.float32)
     check_weights(cfg, out, where)
     return out
 
