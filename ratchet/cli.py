@@ -50,7 +50,7 @@ def _jobs(stage: str, cfg: dict, given: list[str]) -> list[dict[str, str] | None
     from ratchet.stages.registry import stage_jobs
 
     jobs = stage_jobs(stage, cfg)
-    if not jobs:  # e.g. ablate_gradient_run without ablate.parallel_jobs (ablate_decompose does its work)
+    if not jobs:  # e.g. ablate_gradient_run unless ablate.parallel_jobs is true (ablate_decompose does its work)
         raise InputError(f"{stage}: the config asks for no job of it")
     if not given:
         return jobs

@@ -114,10 +114,25 @@ def test_parallel_jobs_makes_a_job_a_remedy_and_a_dtype_and_off_one_of_each(tmp_
     assert on["ablate_decompose"] == off["ablate_decompose"] == 1
 
 
+def test_parallel_fix_runs_makes_a_job_a_remedy_and_keeps_the_gradients_along_the_run(tmp_path):
+    jobs = _dry_run_jobs(tmp_path, "ablate.parallel_jobs=fix_runs", "ablate.fix_runs=[none,fix,tis]")
+    assert jobs["ablate_fix_run"] == 3 and "ablate_gradient_run" not in jobs
+    assert jobs["ablate_decompose"] == jobs["ablate_fix"] == jobs["ablate_gradient"] == 1
+
+
+def test_parallel_jobs_takes_only_its_three_values():
+    from ratchet.config import ConfigError
+
+    assert validate({"ablate": {"parallel_jobs": "fix_runs"}})["ablate"]["parallel_jobs"] == "fix_runs"
+    with pytest.raises(ConfigError, match="parallel_jobs"):
+        validate({"ablate": {"parallel_jobs": "gradients"}})
+
+
 @pytest.mark.slow
 def test_either_way_the_stages_write_the_same_tables(tmp_path, monkeypatch):
-    """The stages as the pipeline runs them, a job a remedy and a dtype, then one job of each:
-    every table the same bytes."""
+    """The stages as the pipeline runs them, a job a remedy and a dtype, then one job of each,
+    then a job a remedy with the gradients along ablate_decompose's run: every table the same
+    bytes."""
     import hashlib
 
     from ratchet.paths import RunPaths
@@ -130,7 +145,7 @@ def test_either_way_the_stages_write_the_same_tables(tmp_path, monkeypatch):
             "ablate": {"updates": [0, 1], "visibility_updates": 1, "fix_steps": 2, "num_rollouts": 8,
                        "max_new_tokens": 2, "eval_problems": 10, "fix_runs": ["none", "exact", "tis"]}}
     digests = []
-    for parallel in (True, False):
+    for parallel in (True, False, "fix_runs"):
         cfg = validate({**base, "run_name": f"parallel-{parallel}",
                         "ablate": {**base["ablate"], "parallel_jobs": parallel}})
         for stage in ("download_model", "download_data", "convert_weights", "build_engine", "ablate_decompose"):
@@ -144,4 +159,4 @@ def test_either_way_the_stages_write_the_same_tables(tmp_path, monkeypatch):
         digests.append({p.name: hashlib.sha256(p.read_bytes()).hexdigest()
                         for p in (paths.fix_table, paths.fix_steps, paths.gradient_table,
                                   paths.decompose_table, paths.visibility_table)})
-    assert digests[0] == digests[1]
+    assert digests[0] == digests[1] == digests[2]

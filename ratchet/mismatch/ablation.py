@@ -21,17 +21,19 @@ FIX_RUNS: dict[str, dict] = {
 
 ENGINE_DTYPES = ("fp16", "bf16", "fp32")  # an ablation engine's dtypes (the schema's enum)
 EVERY = "all"  # without ablate.parallel_jobs: ablate_fix_run's one job, and the gradients' one part
+FIX_RUNS_ONLY = "fix_runs"  # ablate.parallel_jobs: a job a fix run, the gradients along ablate_decompose's run
 
 
 def fix_jobs(ablate: dict) -> list[str]:
-    """ablate_fix_run's jobs (remedies, or EVERY) for the `ablate:` section."""
-    return list(ablate["fix_runs"]) if ablate["parallel_jobs"] else [EVERY]
+    """ablate_fix_run's jobs (remedies, or EVERY) for the `ablate:` section: a job a remedy
+    where ablate.parallel_jobs is true or "fix_runs"."""
+    return list(ablate["fix_runs"]) if ablate["parallel_jobs"] in (True, FIX_RUNS_ONLY) else [EVERY]
 
 
 def gradient_parts(ablate: dict) -> list[str]:
-    """The gradients' parts: one per engine dtype from ablate_gradient_run's jobs, or EVERY, the
-    one ablate_decompose measures along its own run (no replay) without ablate.parallel_jobs."""
-    return list(ablate["engine_dtypes"]) if ablate["parallel_jobs"] else [EVERY]
+    """The gradients' parts: one per engine dtype from ablate_gradient_run's jobs (ablate.parallel_jobs
+    true), or EVERY, the one ablate_decompose measures along its own run (no replay) otherwise."""
+    return list(ablate["engine_dtypes"]) if ablate["parallel_jobs"] is True else [EVERY]
 
 _OUTSIDE_ABLATE = {"seed": ("seed",), "engine_dtype": ("engine", "dtype"), "train": ("train",)}
 

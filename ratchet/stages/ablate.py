@@ -127,16 +127,16 @@ def timed_progress(label: str, total: int, points) -> tuple[Progress, dict]:
 
 def ablate_decompose(cfg: dict, run) -> None:
     """The decomposition and the visibility of updates along one GRPO run (the two study the same
-    updates: one run of them instead of two identical ones). With ablate.parallel_jobs the
+    updates: one run of them instead of two identical ones). With ablate.parallel_jobs true the
     remedies' gradients replay it in jobs of their own (ablate_gradient_run), which run beside
-    it; without, they are measured along this run too, as one part (no replay)."""
-    from ratchet.mismatch.ablation import EVERY
+    it; otherwise they are measured along this run too, as one part (no replay)."""
+    from ratchet.mismatch.ablation import EVERY, gradient_parts
     from ratchet.mismatch.decompose import along_updates
     from ratchet.report.figures import decomposition_figure, visibility_figure
 
     paths = RunPaths.from_config(cfg)
     setup, settings = make_setup(cfg)
-    gradients = not cfg["ablate"]["parallel_jobs"]
+    gradients = gradient_parts(cfg["ablate"]) == [EVERY]
     start = time.perf_counter()
     gradient_at = settings.gradient_updates if gradients else ()
     total = max(*settings.updates, settings.visibility_updates, *gradient_at)

@@ -26,7 +26,7 @@ class Stage:
     # {wildcard: value}; its function, reads and writes then take a job's values as keywords
     jobs: Callable[[dict], list[dict[str, str]]] | None = None
     # what it writes besides `writes` under a config (ablate_decompose: the gradients' table
-    # without ablate.parallel_jobs, when no ablate_gradient_run job makes it)
+    # unless ablate.parallel_jobs is true, when no ablate_gradient_run job makes it)
     config_writes: Callable[[RunPaths, dict], list[Path]] = lambda p, cfg: []
 
 
@@ -84,7 +84,7 @@ def _prepared(p: RunPaths) -> list[Path]:
 
 
 def _gradient_jobs(cfg: dict) -> list[dict[str, str]]:
-    """The gradients' parts of one dtype each; none without ablate.parallel_jobs (its one part
+    """The gradients' parts of one dtype each; none unless ablate.parallel_jobs is true (the one part
     `all` is ablate_decompose's)."""
     from ratchet.mismatch.ablation import EVERY, gradient_parts
 
@@ -131,7 +131,7 @@ STAGES: dict[str, Stage] = {
                    reads=lambda p: [p.build], writes=lambda p: [p.bench]),
     "ablate_decompose": Stage("ratchet.stages.ablate", ("data", "engine", "ablate", "train"),
                               "the gap by source along one GRPO run and the visibility of its updates "
-                              "(and without ablate.parallel_jobs, the remedies' gradients along it)",
+                              "(and unless ablate.parallel_jobs is true, the remedies' gradients along it)",
                               reads=_prepared,
                               writes=lambda p: [p.decompose_table, p.decompose_figure,
                                                 p.visibility_table, p.visibility_figure],

@@ -2,11 +2,11 @@
 # both along it. With ablate.parallel_jobs the remedies' gradients replay that run to the same
 # bits in one job per engine dtype, and ablate_fix's runs are one job each: on GPUs they run
 # side by side (as many as --resources gpu_jobs and gpu_mem_gib allow). Without, the
-# decomposition measures the gradients along its own run, and one job makes every fix run.
+# decomposition measures the gradients along its own run, and one job makes every fix run;
+# with parallel_jobs "fix_runs", the fix runs are jobs and the gradients stay along the run.
 # A job without a GPU gathers each table.
 from ratchet.mismatch.ablation import ENGINE_DTYPES, EVERY, FIX_RUNS, fix_jobs, gradient_parts
 
-PARALLEL = config["ablate"]["parallel_jobs"]
 FIX_JOBS, GRADIENT_PARTS = fix_jobs(config["ablate"]), gradient_parts(config["ablate"])
 
 
@@ -30,7 +30,7 @@ rule ablate_decompose:
             category="Mismatch ablations",
             labels={"figure": "visibility of updates"},
         ),
-        **({} if PARALLEL else {"gradient": P.gradient_part(EVERY)}),
+        **({"gradient": P.gradient_part(EVERY)} if GRADIENT_PARTS == [EVERY] else {}),
     params:
         settings=stage_settings("ablate_decompose"),
     priority: 8

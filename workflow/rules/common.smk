@@ -79,7 +79,8 @@ else:
 
 def job_settings(stage, *jobs):
     """A job's settings less the ablate lists that only enumerate the jobs (ablate.fix_runs, ...):
-    adding a remedy or an engine dtype reruns none of the others. Without ablate.parallel_jobs
+    adding a remedy or an engine dtype reruns none of the others (ablate.parallel_jobs true or
+    fix_runs; gradient jobs exist only with true). Without ablate.parallel_jobs
     the one job `all` runs every item of the lists, so they stay."""
     s = settings(stage, config)
     if s["ablate"]["parallel_jobs"]:
