@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 FP32_MATMULS = ("ieee", "tf32x3")
 _setting = ["ieee"]
@@ -94,9 +93,3 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         return _LinearTF32x3.apply(x, weight, bias)
     return F.linear(x, weight, bias)
 
-
-class Linear(nn.Linear):
-    """nn.Linear whose product is `linear`'s (the same parameters and state_dict)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)

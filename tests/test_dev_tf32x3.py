@@ -8,8 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dev import tf32x3 as fp32_matmul
-from dev.tf32x3 import _LinearTF32x3, linear, mm_tf32x3, set_fp32_matmul, split_tf32
+from dev.tf32x3 import _LinearTF32x3, fp32_matmul, linear, mm_tf32x3, set_fp32_matmul, split_tf32
 
 
 @pytest.fixture
@@ -71,7 +70,7 @@ def test_the_cpu_keeps_its_own_sums_bit_for_bit(tf32x3):
 def test_an_unknown_setting_is_refused_by_name():
     with pytest.raises(ValueError, match="'tf32x2' is not one of"):
         set_fp32_matmul("tf32x2")
-    assert fp32_matmul.fp32_matmul() == "ieee"
+    assert fp32_matmul() == "ieee"
 
 
 @pytest.mark.gpu
