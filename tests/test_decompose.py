@@ -182,7 +182,9 @@ def test_exact_fix_run_trains_like_the_fix_with_no_gap(tiny):
     settings = ablate_settings(**{**SETTINGS, "fix_runs": ("fix", "exact"), "fix_steps": 10})
     laps = Laps()
     steps, runs = fix_runs(tiny, settings, laps=laps)
-    assert set(laps.laps) >= {"trainer and engines", "GRPO steps", "final gap"}  # by phase, for the stage's line
+    # by phase, for the stage's line: each run's steps as rollouts and the rest
+    assert set(laps.laps) >= {"trainer and engines", "fix steps: rollouts", "fix steps: trainer",
+                              "exact steps: rollouts", "exact steps: trainer", "final gap"}
     by_run = {name: part.reset_index(drop=True) for name, part in steps.groupby("run")}
     trained = by_run["fix"]["num_tokens"] > 0  # a step whose groups all scored the same trains nothing
     assert trained.sum() >= 2

@@ -200,7 +200,9 @@ def test_the_three_studies_share_one_run_and_leave_each_other_alone(tiny, settin
     laps = Laps()
     decompose, vis, grad = along_updates(measured, both, gradient_at=both.gradient_updates, laps=laps)
     # where the run's time went, by phase (the stage prints it)
-    assert list(laps.laps) == ["trainer and engines", "GRPO updates", "visibility", "sources", "gradients"]
+    assert list(laps.laps) == ["trainer and engines", "visibility", "sources", "gradients: rollouts",
+                               "gradients: passes", "gradients: exact scoring", "GRPO updates: rollouts",
+                               "GRPO updates: trainer"]
     alone_decompose, alone_vis, _ = along_updates(measured, both)
     assert decompose.equals(alone_decompose) and vis.equals(alone_vis)
     assert sorted(set(decompose["updates"])) == [0, 1] and vis["update"].max() == 2

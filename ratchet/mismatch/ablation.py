@@ -212,30 +212,37 @@ class Trajectory:
         self.step = 0  # rollout + train steps taken
         self.updates = 0  # steps that changed the masters
 
-    def train_step(self) -> dict[str, float]:
+    def train_step(self, laps=None, phase: str = "GRPO steps") -> dict[str, float]:
+        """One step; `laps` (runtime.Laps), where given, gets its rollouts and the rest (the
+        update, the sync) as two laps of `phase`: which half a run's steps spend their time in."""
         from ratchet.rl.sync import sync_weights
         from ratchet.rl.telemetry import after_sync
         from ratchet.rl.update import grpo_step
 
         groups, _ = self.rollouts.collect(self.engine, self.step, version=self.step)
+        if laps is not None:
+            laps(f"{phase}: rollouts")
         # the engine holds the rounded masters: the trainer's weights, for the exact forward
         metrics = grpo_step(self.policy, self.optimizer, groups, self.setup.task, self.cfg,
                             version=self.step, engine=self.engine, engine_sampled=True)
         sync_weights(self.engine, self.policy)
         metrics.update(after_sync(self.telemetry, self.policy, self.engine, f"[ablate] step {self.step}:"))
+        if laps is not None:
+            laps(f"{phase}: trainer")
         self.step += 1
         self.updates += metrics["train/num_updates"] > 0
         return metrics
 
-    def advance_to(self, updates: int, max_steps_per_update: int = 20) -> None:
-        """Train until the masters have seen `updates` updates."""
+    def advance_to(self, updates: int, max_steps_per_update: int = 20, laps=None,
+                   phase: str = "GRPO updates") -> None:
+        """Train until the masters have seen `updates` updates (`laps`: as train_step)."""
         budget = self.step + max_steps_per_update * max(updates - self.updates, 0)
         while self.updates < updates:
             if self.step >= budget:
                 raise RuntimeError(f"ablation run: {self.updates} updates after {self.step} steps; "
                                    "every group scored the same too often (raise "
                                    "ablate.max_steps_per_update or ablate.group_size)")
-            self.train_step()
+            self.train_step(laps, phase)
 
     def masters(self) -> dict:
         """A copy of the fp32 masters under the engine names, as torch tensors kept on the

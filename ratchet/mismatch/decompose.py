@@ -114,8 +114,7 @@ def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibili
     before = None
     laps("trainer and engines")
     for update in range(max((*measure_at, *gradient_at, visibility_updates)) + 1):
-        traj.advance_to(update, settings.max_steps_per_update)
-        laps("GRPO updates")
+        traj.advance_to(update, settings.max_steps_per_update, laps)
         if log_update is not None:
             log_update(update)
         if visibility_updates and update <= visibility_updates:
@@ -143,11 +142,10 @@ def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibili
             laps("sources")
         if update in gradient_at:
             for dtype in gradient_dtypes:
-                found = gradient_rows(traj, engines[(setup.backend, dtype)], setup.task, settings, update)
+                found = gradient_rows(traj, engines[(setup.backend, dtype)], setup.task, settings, update, laps)
                 gradient_rows_ += found
                 if log_measured is not None and dtype == gradient_dtypes[-1]:
                     log_measured(update)
                 if log_gradient is not None:
                     log_gradient(dtype, update, found)
-            laps("gradients")
     return pd.DataFrame(decompose_rows), pd.DataFrame(visibility_rows), pd.DataFrame(gradient_rows_)

@@ -76,7 +76,7 @@ def fix_run(setup: Setup, settings: AblateSettings, name: str, log=None, laps=No
     traj = Trajectory(run_setup, cfg)
     laps("trainer and engines")
     for step in range(settings.fix_steps):
-        m = traj.train_step()
+        m = traj.train_step(laps, f"{name} steps")
         row = {"run": name, "step": step, "updates": traj.updates,
                "reward": m["train/reward"], "num_tokens": m["train/num_tokens"],
                "is_weight_mean": m["train/is_weight_mean"],
@@ -86,7 +86,6 @@ def fix_run(setup: Setup, settings: AblateSettings, name: str, log=None, laps=No
         step_rows.append(row)
         if log is not None:
             log(name, step, row)
-    laps("GRPO steps")
     final = fresh_gap(traj.policy, traj.engine, setup.measure_prompts, settings.max_new_tokens,
                       settings.seed + 1, settings.temperature, settings.eps,
                       weight_dtype=cfg.weight_dtype, compute_dtype=cfg.compute_dtype,

@@ -66,14 +66,14 @@ def forward_key(cfg: GRPOConfig) -> tuple:
             cfg.micro_batch_tokens)
 
 
-def variant_gradients(policy, groups: list, task, cfgs: list[GRPOConfig], engine=None) -> list[tuple]:
+def variant_gradients(policy, groups: list, task, cfgs: list[GRPOConfig], engine=None, laps=None) -> list[tuple]:
     """[(gradient per parameter, the Experience its forward filled)] per cfg: the policy gradient
     of the whole batch of `groups` under each (update's arithmetic, one mini-batch, no clipping,
     no optimiser step); `engine` (exact_forward only) scores the answers. The cfgs share one
     forward_key, so each micro-batch's forward runs once and each cfg's loss is backwarded
     through its graph in turn: the same saved tensors and kernels as a forward of its own, so
     each gradient is the bits of batch_gradient alone (tests/test_gradient_error.py). The
-    parameters' .grad are left as found."""
+    parameters' .grad are left as found. `laps` (runtime.Laps): the engine's scoring apart."""
     from ratchet.rl.experience import make_experience
     from ratchet.rl.update import exact_values, scoring_loss, trainer_forwards
 
@@ -81,9 +81,13 @@ def variant_gradients(policy, groups: list, task, cfgs: list[GRPOConfig], engine
         raise ValueError(f"variant_gradients: the cfgs' forwards differ {sorted({forward_key(c) for c in cfgs})}")
     params = list(policy.parameters())
     exps = [make_experience(groups, task, c, version=0, device=params[0].device) for c in cfgs]
+    if laps is not None and any(c.exact_forward for c in cfgs):
+        laps("gradients: passes")  # the groups' passes before this one's
     for exp, c in zip(exps, cfgs):
         if c.exact_forward:
             exp.exact = exact_values(exp, engine, c, engine_sampled=False)  # scored: a measurement
+            if laps is not None:
+                laps("gradients: exact scoring")
     tokens = [float(exp.mask.sum()) for exp in exps]
     held = [[None] * len(params) for _ in cfgs]  # each cfg's .grad between its backwards
     saved = [p.grad for p in params]
@@ -124,7 +128,7 @@ def compare_gradients(grads: list[torch.Tensor], ref: list[torch.Tensor]) -> dic
             "norm": math.sqrt(sq), "ref_norm": math.sqrt(ref_sq)}
 
 
-def batch_rows(policy, engine, groups: list, task, settings: AblateSettings) -> list[dict]:
+def batch_rows(policy, engine, groups: list, task, settings: AblateSettings, laps=None) -> list[dict]:
     """Every variant's gradient of the same batch against the reference's: one row each. The
     variants of one forward (the reference's four on the fp32 masters; the fix and the exact fix
     on the rounded ones) share it (variant_gradients), the reference's first."""
@@ -135,7 +139,8 @@ def batch_rows(policy, engine, groups: list, task, settings: AblateSettings) -> 
         by_forward.setdefault(forward_key(cfgs[v]), []).append(v)
     found, ref = {}, None
     for names in by_forward.values():
-        for v, (grads, exp) in zip(names, variant_gradients(policy, groups, task, [cfgs[v] for v in names], engine)):
+        for v, (grads, exp) in zip(names, variant_gradients(policy, groups, task, [cfgs[v] for v in names],
+                                                            engine, laps)):
             ref = ref or (grads, exp)  # the reference's group comes first, the reference first in it
             found[v] = (compare_gradients(grads, ref[0]), exp)
         del grads  # the group's last gradients, before the next group's are made (ref's stay)
@@ -156,18 +161,25 @@ def batch_rows(policy, engine, groups: list, task, settings: AblateSettings) -> 
     return rows
 
 
-def gradient_rows(traj: Trajectory, engine, task, settings: AblateSettings, updates: int) -> list[dict]:
+def gradient_rows(traj: Trajectory, engine, task, settings: AblateSettings, updates: int,
+                  laps=None) -> list[dict]:
     """The rows of one engine dtype after `updates` updates of `traj`: `engine` (of that dtype,
     not the trajectory's) is synced from the masters and draws a fresh batch from a Rollouts of
-    its own seed, on which every variant's gradient is compared with the reference's."""
+    its own seed, on which every variant's gradient is compared with the reference's. `laps`
+    (runtime.Laps): the batch's rollouts, the exact fix's scoring and the passes apart."""
     from ratchet.rl.sync import sync_weights
 
     sync_weights(engine, traj.policy)
     cfg = dataclasses.replace(traj.cfg, engine_dtype=engine.dtype)
     groups = fresh_groups(engine, task, cfg, settings.seed + SEED_OFFSET + updates,
                           settings.max_steps_per_update)
-    return [{"updates": updates, "steps": traj.step, **r}
-            for r in batch_rows(traj.policy, engine, groups, task, settings)]
+    if laps is not None:
+        laps("gradients: rollouts")
+    rows = [{"updates": updates, "steps": traj.step, **r}
+            for r in batch_rows(traj.policy, engine, groups, task, settings, laps)]
+    if laps is not None:
+        laps("gradients: passes")
+    return rows
 
 
 def gather_dtypes(parts: list[pd.DataFrame]) -> pd.DataFrame:
