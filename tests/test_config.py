@@ -49,12 +49,13 @@ def test_the_15b_profile_is_the_local_study_on_the_larger_model():
     assert all(2 * big["gpu_memory_gib"][a] > total for a in large)  # no two large rules at once
     assert all(big["gpu_memory_gib"][a] + big["gpu_memory_gib"]["default"] <= total for a in large)
     assert (small["ablate"]["micro_batch_size"], big["ablate"]["micro_batch_size"]) == (64, 8)
-    # one job for the fix runs and the gradients along ablate_decompose's run, in both: on one GPU
-    assert small["ablate"]["parallel_jobs"] is False and big["ablate"]["parallel_jobs"] is False
+    # the gradients along ablate_decompose's run in both; at 0.5B a job a fix run (they fit beside
+    # the other rules), at 1.5B the five in one job (one large rule at a time)
+    assert small["ablate"]["parallel_jobs"] == "fix_runs" and big["ablate"]["parallel_jobs"] is False
     for cfg in (small, big):
         cfg.pop("run_name"), cfg.pop("gpu_job_slots"), cfg["model"].pop("path"), cfg["train"].pop("keep_checkpoints")
         cfg.pop("gpu_memory_gib")
-        cfg["ablate"].pop("micro_batch_size")
+        cfg["ablate"].pop("micro_batch_size"), cfg["ablate"].pop("parallel_jobs")
     assert small == big
 
 
