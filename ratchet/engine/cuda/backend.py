@@ -28,7 +28,7 @@ from ratchet.engine.cuda.staging import PARAMS, CudaStep, Staging
 from ratchet.engine.sampling import SamplingBatch
 from ratchet.errors import InputError
 from ratchet.model.config import ModelConfig
-from ratchet.model.dtypes import fp32_to_bf16_bits
+from ratchet.model.dtypes import fp16_values, fp32_to_bf16_bits
 from ratchet.model.flat_weights import FlatWeights
 from ratchet.model.layout import (
     DTYPES,
@@ -178,7 +178,7 @@ class CudaBackend:
     def _host_storage(self, value) -> np.ndarray:
         value = np.asarray(value, dtype=np.float32)
         if self.dtype == "fp16":
-            return value.astype(np.float16)  # round to nearest even, as round_to does
+            return fp16_values(value)  # round to nearest even, as round_to does
         if self.dtype == "bf16":
             return fp32_to_bf16_bits(value)
         return np.ascontiguousarray(value)
