@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ratchet.errors import InputError
-from ratchet.model.dtypes import bf16_bits_to_fp32, fp32_to_bf16_bits
+from ratchet.model.dtypes import bf16_bits_to_fp32, fp16_values, fp32_to_bf16_bits
 
 _NUMPY = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I64": np.int64,
           "I32": np.int32, "U8": np.uint8, "I8": np.int8, "BOOL": np.bool_}
@@ -84,7 +84,7 @@ def encode(arr: np.ndarray, dtype: str) -> memoryview:
     if dtype == "bf16":
         stored = np.ascontiguousarray(fp32_to_bf16_bits(arr))
     elif dtype == "fp16":
-        stored = arr.astype(np.float16)
+        stored = fp16_values(arr)
     elif dtype == "fp32":
         stored = arr
     else:
