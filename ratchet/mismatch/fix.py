@@ -86,6 +86,7 @@ def fix_run(setup: Setup, settings: AblateSettings, name: str, log=None, laps=No
         step_rows.append(row)
         if log is not None:
             log(name, step, row)
+            laps(f"{name} steps: log")  # its line and metrics (MLflow's store), apart from the rollouts
     final = fresh_gap(traj.policy, traj.engine, setup.measure_prompts, settings.max_new_tokens,
                       settings.seed + 1, settings.temperature, settings.eps,
                       weight_dtype=cfg.weight_dtype, compute_dtype=cfg.compute_dtype,
