@@ -167,6 +167,22 @@ def summarize(run: Path, wall_s: float | None = None, peak_gpu_mib: float | None
     return out
 
 
+def timeline_summary(snakemake_log: Path) -> dict:
+    """From the run's Snakemake log (dev/timeline.py): each job's [start, end] in seconds from the
+    first job's start, and the GPU phase: from build_engine's end to the last GPU rule's end,
+    the part of the profile that the GPU's work bounds."""
+    from dev.timeline import jobs
+    from ratchet.stages.registry import GPU_STAGES
+
+    found = jobs(snakemake_log.read_text().splitlines())
+    out = {"timeline_s": {j.name: [j.start, j.end] for j in found}}
+    built = [j.end for j in found if j.rule == "build_engine" and j.end is not None]
+    ends = [j.end for j in found if j.rule in GPU_STAGES and j.rule != "build_engine" and j.end is not None]
+    if built and ends:
+        out["gpu_phase_s"] = {"start": built[0], "end": max(ends), "seconds": max(ends) - built[0]}
+    return out
+
+
 def peak_from_samples(path: Path) -> float | None:
     """The largest of nvidia-smi's memory.used samples (MiB, one per line)."""
     if not path.is_file():
@@ -177,7 +193,7 @@ def peak_from_samples(path: Path) -> float | None:
 
 def collect(run: Path, out: Path, wall_s: float | None = None, command: str = "",
             config: dict | None = None, gpu_samples: Path | None = None, note: str = "",
-            extra: dict | None = None) -> dict:
+            extra: dict | None = None, snakemake_log: Path | None = None) -> dict:
     """Write the record of `run` to `out` (a fresh folder: written beside it, then renamed)."""
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -191,6 +207,9 @@ def collect(run: Path, out: Path, wall_s: float | None = None, command: str = ""
                 shutil.copy2(src, target)
     summary = summarize(run, wall_s, peak_from_samples(gpu_samples) if gpu_samples else None)
     summary["command"] = command
+    if snakemake_log is not None and snakemake_log.is_file():  # when each job ran, and the GPU phase
+        summary.update(timeline_summary(snakemake_log))
+        shutil.copy2(snakemake_log, tmp / "snakemake.log")
     summary.update(extra or {})  # what the run's files cannot say (a machine, an observed figure)
     if note:
         summary["record_note"] = note
@@ -216,6 +235,8 @@ def main(argv=None) -> None:
     parser.add_argument("--note", default="", help="what the record lacks and why (a run cut short)")
     parser.add_argument("--extra", type=json.loads, default=None, metavar="JSON",
                         help="fields the run's files cannot give, e.g. '{\"device\": \"NVIDIA H200\"}'")
+    parser.add_argument("--snakemake-log", type=Path, default=None,
+                        help="the run's Snakemake log: each job's start and end, and the GPU phase")
     parser.add_argument("--gpu-samples", type=Path, default=None,
                         help="nvidia-smi memory.used samples (MiB per line) taken during the run")
     args = parser.parse_args(argv)
@@ -227,7 +248,7 @@ def main(argv=None) -> None:
 
         config = config_mod.load(args.config, args.set)
     summary = collect(args.run, args.out, args.wall_s, args.command, config, args.gpu_samples, args.note,
-                      args.extra)
+                      args.extra, args.snakemake_log)
     print(json.dumps({k: v for k, v in summary.items() if not isinstance(v, dict)}, indent=2))
 
 

@@ -116,3 +116,48 @@ def test_a_run_cut_short_is_recorded_from_its_logs_and_tables(tmp_path, monkeypa
     assert headline["visible_share"] == {"fp16/update1": 0.05, "fp16/update3": 0.025}
     assert summary["complete"] is False and summary["record_note"] == "cut short"
     assert (summary["device"], summary["host"]) == ("H200", None)
+
+
+SNAKEMAKE_LOG = """\
+[Fri Dec  4 16:23:59 2026]
+localrule download_data:
+    jobid: 5
+[Fri Dec  4 16:24:30 2026]
+Finished jobid: 5 (Rule: download_data)
+[Fri Dec  4 16:24:30 2026]
+localrule build_engine:
+    jobid: 2
+[Fri Dec  4 16:24:44 2026]
+Finished jobid: 2 (Rule: build_engine)
+[Fri Dec  4 16:24:44 2026]
+localrule train_split:
+    jobid: 9
+[Fri Dec  4 16:24:44 2026]
+localrule ablate_fix_run:
+    jobid: 17
+    wildcards: remedy=fix
+[Fri Dec  4 16:26:00 2026]
+Finished jobid: 9 (Rule: train_split)
+[Fri Dec  4 16:27:30 2026]
+Finished jobid: 17 (Rule: ablate_fix_run)
+[Fri Dec  4 16:27:40 2026]
+localrule report:
+    jobid: 13
+[Fri Dec  4 16:27:50 2026]
+Finished jobid: 13 (Rule: report)
+"""
+
+
+def test_the_record_says_when_each_job_ran_and_the_gpu_phase(tmp_path, monkeypatch):
+    """From the Snakemake log: each job's start and end, and the GPU phase from build_engine's
+    end to the last GPU rule's (the report, off the GPU, after it)."""
+    monkeypatch.chdir(tmp_path)
+    run, out = tmp_path / "results" / "local", tmp_path / "records" / "h200-local"
+    fake_run(run)
+    log = tmp_path / "snakemake.log"
+    log.write_text(SNAKEMAKE_LOG)
+    summary = collect(run, out, command="snakemake", snakemake_log=log)
+    assert summary["timeline_s"]["ablate_fix_run (remedy=fix)"] == [45.0, 211.0]
+    assert summary["timeline_s"]["report"] == [221.0, 231.0]
+    assert summary["gpu_phase_s"] == {"start": 45.0, "end": 211.0, "seconds": 166.0}
+    assert (out / "snakemake.log").read_text() == SNAKEMAKE_LOG

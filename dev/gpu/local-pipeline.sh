@@ -70,8 +70,8 @@ collect)
   mps=(); [ -f "$state/mps" ] && mps=(--extra "{\"mps\": $(cat "$state/mps")}")
   overrides=(); [ -n "${PIPELINE_SET:-}" ] && read -ra overrides <<< "$PIPELINE_SET"
   python3 -m dev.record --run "results/$profile" --out "$OUT/h200-$profile" "${wall[@]}" \
-    --command "$command" --config "config/$profile.yaml" --set "${overrides[@]}" --gpu-samples "$state/gpu_mem_mib.txt" "${mps[@]}"
-  cp "$state/snakemake.log" "$OUT/h200-$profile/"
+    --command "$command" --config "config/$profile.yaml" --set "${overrides[@]}" --gpu-samples "$state/gpu_mem_mib.txt" \
+    --snakemake-log "$state/snakemake.log" "${mps[@]}"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/h200-$profile/nvidia-smi.txt"
   tar czf "$OUT/h200-$profile.tgz" -C "$OUT" "h200-$profile" && rm -rf "$OUT/h200-$profile"
   ;;
