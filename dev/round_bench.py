@@ -28,8 +28,9 @@ def main() -> None:
     weights = [rng.standard_normal(size, dtype=np.float32) * np.float32(0.02) for _ in range(max(1, n // size))]
     found = {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "values": size * len(weights)}
     threads = min(8, os.cpu_count() or 1)  # as the CUDA engine's upload casts (backend._copy_mapping)
+    torch_min = dtypes.TORCH_CAST_MIN
     for dtype in ("fp16", "bf16"):
-        for way, limit in (("numpy", 1 << 62), ("torch", dtypes.TORCH_CAST_MIN)):
+        for way, limit in (("numpy", 1 << 62), ("torch", torch_min)):
             dtypes.TORCH_CAST_MIN = limit
             start = time.perf_counter()
             out = [dtypes.round_to(w, dtype) for w in weights]
@@ -41,7 +42,7 @@ def main() -> None:
                 stored = list(pool.map(cast, weights))
             found[f"{dtype}_{way}_storage_{threads}_threads_s"] = round(time.perf_counter() - start, 3)
             del stored
-    dtypes.TORCH_CAST_MIN = 1 << 16
+    dtypes.TORCH_CAST_MIN = torch_min
     print(json.dumps(found, indent=1))
 
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 STAMP = re.compile(r"^\[(\w{3} \w{3} +\d+ \d\d:\d\d:\d\d \d{4})\]$")
 RULE = re.compile(r"^(?:local)?rule (\w+):$")
 FINISHED = re.compile(r"^Finished jobid: (\d+) \(Rule: (\w+)\)$")
+JOBID = re.compile(r"^\s+jobid: (\d+)$")
+WILDCARDS = re.compile(r"^\s+wildcards: (.*)$")
 
 
 @dataclass
@@ -49,9 +51,9 @@ def jobs(lines: list[str]) -> list[Job]:
         if m := RULE.match(line):
             close()
             pending = {"rule": m.group(1), "start": (now - t0).total_seconds()}
-        elif pending and (m := re.match(r"^\s+jobid: (\d+)$", line)):
+        elif pending and (m := JOBID.match(line)):
             pending["jobid"] = int(m.group(1))
-        elif pending and (m := re.match(r"^\s+wildcards: (.*)$", line)):
+        elif pending and (m := WILDCARDS.match(line)):
             pending["wildcards"] = m.group(1).strip()
         elif m := FINISHED.match(line):
             close()

@@ -5,6 +5,8 @@ session; `python -m tests.test_dtypes`, ~10 min on 2 cores): equal but NaNs, whi
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -39,7 +41,7 @@ def test_torch_casts_give_numpys_bits(dtype, monkeypatch):
     sweep = rng.integers(0, 1 << 32, size=1 << 22, dtype=np.uint64).astype(np.uint32).view(np.float32)
     scaled = rng.standard_normal(1 << 20).astype(np.float32) * np.float32(2.0) ** rng.integers(-30, 20, 1 << 20)
     x = np.concatenate([np.tile(delicate(), 64), sweep, scaled.astype(np.float32)])
-    assert x.size >= dtypes.TORCH_CAST_MIN and "torch" in __import__("sys").modules
+    assert x.size >= dtypes.TORCH_CAST_MIN and "torch" in sys.modules
     fast = {"values": round_to(x, dtype), "bits": fp32_to_bf16_bits(x) if dtype == "bf16" else fp16_values(x)}
     numpy_only(monkeypatch)
     slow = {"values": round_to(x, dtype), "bits": fp32_to_bf16_bits(x) if dtype == "bf16" else fp16_values(x)}
@@ -75,7 +77,7 @@ def exhaustive(chunk: int = 1 << 26) -> dict[str, int]:
         t = torch.from_numpy(x)
         with np.errstate(over="ignore"):
             pairs = {"fp16": (x.astype(np.float16).view(np.uint16), t.to(torch.float16)),
-                     "bf16": (dtypes._bf16_bits_numpy(x), t.to(torch.bfloat16))}
+                     "bf16": (dtypes._numpy_bits(x, "bf16"), t.to(torch.bfloat16))}
         for name, (want, got) in pairs.items():
             differ = want != got.view(torch.int16).numpy().view(np.uint16)
             bad[name] += int((differ & ~nan).sum())

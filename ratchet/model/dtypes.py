@@ -9,6 +9,7 @@ round-to-nearest-even, the rule torch's `.to(dtype)` and CUDA's `__float2half_rn
 from __future__ import annotations
 
 import sys
+import warnings
 
 import numpy as np
 
@@ -26,49 +27,11 @@ def _torch_for(x: np.ndarray):
     return sys.modules.get("torch") if x.size >= TORCH_CAST_MIN else None
 
 
-def _torch_cast(x: np.ndarray, dtype: str, torch, back: bool = False) -> np.ndarray:
-    """x cast to `dtype` by torch: its bit patterns (uint16), or with `back` its values as
-    float32; NaNs as NumPy makes them."""
-    import warnings
-
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    with warnings.catch_warnings():  # a read-only array (a mapped file) is only read here
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        t = torch.from_numpy(x).to(torch.float16 if dtype == "fp16" else torch.bfloat16)
-    out = t.float().numpy() if back else t.view(torch.int16).numpy().view(np.uint16)
-    nan = np.isnan(x)
-    if nan.any():
-        bits = _numpy_bits(x[nan], dtype)
-        out[nan] = (bits.view(np.float16).astype(np.float32) if dtype == "fp16" else bf16_bits_to_fp32(bits)) \
-            if back else bits
-    return out
-
-
 def _numpy_bits(x: np.ndarray, dtype: str) -> np.ndarray:
+    """NumPy's cast of fp32 `x` to `dtype` ("fp16", "bf16"), as uint16 bit patterns."""
     if dtype == "fp16":
         with np.errstate(over="ignore"):
             return x.astype(np.float16).view(np.uint16)
-    return _bf16_bits_numpy(x)
-
-
-def fp16_values(x: np.ndarray) -> np.ndarray:
-    """Round-to-nearest-even fp32 -> float16 array."""
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    torch = _torch_for(x)
-    if torch is None:
-        with np.errstate(over="ignore"):
-            return x.astype(np.float16)
-    return _torch_cast(x, "fp16", torch).view(np.float16)
-
-
-def fp32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
-    """Round-to-nearest-even fp32 -> bf16, returned as uint16 bit patterns."""
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    torch = _torch_for(x)
-    return _bf16_bits_numpy(x) if torch is None else _torch_cast(x, "bf16", torch)
-
-
-def _bf16_bits_numpy(x: np.ndarray) -> np.ndarray:
     bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
     lsb = (bits >> 16) & 1
     rounded = ((bits + 0x7FFF + lsb) >> 16).astype(np.uint16)
@@ -76,6 +39,43 @@ def _bf16_bits_numpy(x: np.ndarray) -> np.ndarray:
     if nan.any():  # keep NaN a quiet NaN instead of rounding its payload into infinity
         rounded = np.where(nan, np.uint16(0x7FC0), rounded)
     return rounded
+
+
+def _widen(bits: np.ndarray, dtype: str) -> np.ndarray:
+    """The float32 values of fp16 or bf16 bit patterns (exact)."""
+    return bits.view(np.float16).astype(np.float32) if dtype == "fp16" else bf16_bits_to_fp32(bits)
+
+
+def _torch_cast(x: np.ndarray, dtype: str, torch, back: bool = False) -> np.ndarray:
+    """x cast to `dtype` by torch: its bit patterns (uint16), or with `back` its values as
+    float32; NaNs as NumPy makes them."""
+    x = np.ascontiguousarray(x)
+    with warnings.catch_warnings():  # a read-only array (a mapped file) is only read here
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        t = torch.from_numpy(x).to(torch.float16 if dtype == "fp16" else torch.bfloat16)
+    out = t.float().numpy() if back else t.view(torch.int16).numpy().view(np.uint16)
+    nan = np.isnan(x)
+    if nan.any():
+        bits = _numpy_bits(x[nan], dtype)
+        out[nan] = _widen(bits, dtype) if back else bits
+    return out
+
+
+def _bits(x: np.ndarray, dtype: str) -> np.ndarray:
+    """Round-to-nearest-even fp32 -> `dtype` ("fp16", "bf16"), as uint16 bit patterns."""
+    x = np.asarray(x, dtype=np.float32)
+    torch = _torch_for(x)
+    return _numpy_bits(x, dtype) if torch is None else _torch_cast(x, dtype, torch)
+
+
+def fp16_values(x: np.ndarray) -> np.ndarray:
+    """Round-to-nearest-even fp32 -> float16 array."""
+    return _bits(x, "fp16").view(np.float16)
+
+
+def fp32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """Round-to-nearest-even fp32 -> bf16, returned as uint16 bit patterns."""
+    return _bits(x, "bf16")
 
 
 def bf16_bits_to_fp32(bits: np.ndarray) -> np.ndarray:
@@ -91,6 +91,4 @@ def round_to(x: np.ndarray, dtype: str) -> np.ndarray:
         raise ValueError(f"unknown dtype {dtype!r}; expected one of {DTYPES}")
     if (torch := _torch_for(x)) is not None:
         return _torch_cast(x, dtype, torch, back=True)
-    if dtype == "fp16":
-        return fp16_values(x).astype(np.float32)
-    return bf16_bits_to_fp32(fp32_to_bf16_bits(x))
+    return _widen(_numpy_bits(x, dtype), dtype)
