@@ -148,30 +148,91 @@ def test_the_fix_and_the_exact_fix(frame, tiny, settings):
     assert all(torch.equal(a, b) for a, b in zip(g_fix, g_exact))
 
 
+def loss_backward_gradient(policy, groups, task, cfg, engine=None):
+    """(gradient, Experience) of one cfg the plain way, as update.backward_loss takes it: a
+    forward of its own a micro-batch and `loss.backward()` into .grad (no sharing, no upstream
+    taken apart), the .grad left as found."""
+    from ratchet.rl.experience import make_experience
+    from ratchet.rl.update import exact_values, scoring_loss, trainer_forwards
+
+    params = list(policy.parameters())
+    exp = make_experience(groups, task, cfg, version=0)
+    if cfg.exact_forward:
+        exp.exact = exact_values(exp, engine, cfg, engine_sampled=False)
+    tokens, saved = float(exp.mask.sum()), [p.grad for p in params]
+    for p in params:
+        p.grad = None
+    try:
+        for mb, lp, mask, ent in trainer_forwards(policy, exp, list(range(len(exp.responses))), cfg, True):
+            scoring_loss(exp, mb, exp.forward_values(lp, mb), mask, ent, tokens, cfg)[0].backward()
+        return [p.grad.detach().clone() for p in params], exp
+    finally:
+        for p, g in zip(params, saved):
+            p.grad = g
+
+
+def bits(t):
+    return t.contiguous().view(torch.uint8)
+
+
 def test_variants_of_one_forward_share_it_and_each_gets_its_own_bits(tiny, settings):
     """variant_gradients runs each micro-batch's forward once for the variants of one forward and
-    backwards each loss through that graph: every gradient, and every value its Experience
-    holds, is the bits of the variant's own forward and backward; the .grad are left as found."""
+    each backward once for the variants whose loss gradients at its log-probs agree bit for bit:
+    every gradient, and every value its Experience holds, is the bits of the variant's own
+    forward and `loss.backward()`; the .grad are left as found. In the tiny run MIS keeps every
+    token (its gradient is the reference's) and the exact fix's ratio is 1 (the fix's), so of
+    the six losses a micro-batch four backwards run."""
     from ratchet.mismatch.gradient import forward_key, variant_gradients
 
     small = dataclasses.replace(settings, micro_batch_size=3)  # several micro-batches to accumulate
-    for dtype, names in (("bf16", ("reference", "engine_old", "tis", "mis")), ("bf16", ("fix", "exact"))):
+    for dtype, names, backwards in (("bf16", ("reference", "engine_old", "tis", "mis"), 3),
+                                    ("bf16", ("fix", "exact"), 1)):
         traj, engine, groups = batch(tiny, small, dtype)
         cfgs = [variant_config(small, v, dtype) for v in names]
         assert len({forward_key(c) for c in cfgs}) == 1
         for p in traj.policy.parameters():
             p.grad = torch.full_like(p, 7.0)
-        shared = variant_gradients(traj.policy, groups, tiny.task, cfgs, engine)
+        counts = {}
+        shared = variant_gradients(traj.policy, groups, tiny.task, cfgs, engine, counts=counts)
+        micro_batches = len(range(0, int(shared[0][1].mask.shape[0]), 3))
+        assert micro_batches > 1
+        assert counts == {"losses": len(names) * micro_batches, "backwards": backwards * micro_batches}
         for (grads, exp), cfg, name in zip(shared, cfgs, names):
-            alone, alone_exp = batch_gradient(traj.policy, groups, tiny.task, cfg, engine)
-            assert all(torch.equal(a, b) for a, b in zip(grads, alone)), name
+            plain, plain_exp = loss_backward_gradient(traj.policy, groups, tiny.task, cfg, engine)
+            assert all(torch.equal(bits(a), bits(b)) for a, b in zip(grads, plain)), name
+            alone, _ = batch_gradient(traj.policy, groups, tiny.task, cfg, engine)
+            assert all(torch.equal(bits(a), bits(b)) for a, b in zip(grads, alone)), name
             for field in ("trainer", "old", "weights", "entropy"):
-                assert torch.equal(getattr(exp, field), getattr(alone_exp, field)), (name, field)
+                assert torch.equal(getattr(exp, field), getattr(plain_exp, field)), (name, field)
         assert all((p.grad == 7.0).all() for p in traj.policy.parameters())
-        assert len(list(range(0, int(shared[0][1].mask.shape[0]), 3))) > 1
     with pytest.raises(ValueError, match="the cfgs' forwards differ"):
         variant_gradients(traj.policy, groups, tiny.task, [variant_config(small, "reference", "bf16"),
                                                             variant_config(small, "fix", "bf16")], engine)
+
+
+def test_variants_that_part_after_sharing_backwards_each_get_their_own_bits(tiny, settings):
+    """MIS with a band that masks a token of a later answer but none of the first: it shares the
+    reference's backwards until that answer's micro-batch, then takes a copy of their .grad and
+    goes on alone, and both gradients are still the bits of their own `loss.backward()`."""
+    from ratchet.mismatch.gradient import variant_gradients
+
+    one = dataclasses.replace(settings, micro_batch_size=1)  # a micro-batch an answer
+    traj, engine, groups = batch(tiny, one, "bf16")
+    ref_cfg = variant_config(one, "reference", "bf16")
+    _, exp = loss_backward_gradient(traj.policy, groups, tiny.task, ref_cfg)
+    dev = ((exp.trainer - exp.engine).abs() * exp.mask).amax(dim=1)  # each answer's widest log-ratio
+    later = int(torch.argmax(dev[1:])) + 1
+    assert dev[later] > dev[0], "the tiny batch's first answer has the widest gap: pick another seed"
+    t = float(dev[0] + dev[later]) / 2  # the first answer inside the band, `later` not
+    mis_cfg = dataclasses.replace(variant_config(one, "mis", "bf16"), mis_low=math.exp(-t), mis_high=math.exp(t))
+    counts = {}
+    shared = variant_gradients(traj.policy, groups, tiny.task, [ref_cfg, mis_cfg], engine, counts=counts)
+    n = int(exp.mask.shape[0])
+    assert n < counts["backwards"] < 2 * n and counts["losses"] == 2 * n
+    for (grads, _), cfg in zip(shared, (ref_cfg, mis_cfg)):
+        plain, _ = loss_backward_gradient(traj.policy, groups, tiny.task, cfg)
+        assert all(torch.equal(bits(a), bits(b)) for a, b in zip(grads, plain)), cfg.is_correction
+    assert not all(torch.equal(a, b) for a, b in zip(shared[0][0], shared[1][0]))
 
 
 def test_the_measurement_leaves_the_trajectory_alone(tiny, settings):

@@ -77,7 +77,7 @@ def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibili
                   backends: tuple[str, ...] | None = None,
                   gradient_at: tuple[int, ...] = (), log_gradient=None, laps=None,
                   gradient_dtypes: tuple[str, ...] | None = None, log_update=None, log_measured=None,
-                  ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+                  gradient_counts: dict | None = None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(decomposition, visibility, gradient) along one plain GRPO run: every update up to
     `visibility_updates` is counted as it happens, the sources measured after each count in
     `measure_at` (defaults from `settings`; 0 and () for none) and the remedies' gradients
@@ -88,7 +88,8 @@ def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibili
     seed, after a sync from the same masters), never the trajectory's. `laps` (runtime.Laps):
     where the time goes, by phase. `log_update(u)`: update u is done, its measurements to come;
     `log_measured(u)`: every measurement after update u is done (only where there were some),
-    said before the last of their logs."""
+    said before the last of their logs. `gradient_counts`: the gradients' losses and backwards
+    (gradient.variant_gradients' counts)."""
     from ratchet.mismatch.gradient import gradient_rows
     from ratchet.rl.runtime import Laps
 
@@ -142,7 +143,8 @@ def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibili
             laps("sources")
         if update in gradient_at:
             for dtype in gradient_dtypes:
-                found = gradient_rows(traj, engines[(setup.backend, dtype)], setup.task, settings, update, laps)
+                found = gradient_rows(traj, engines[(setup.backend, dtype)], setup.task, settings, update, laps,
+                                      gradient_counts)
                 gradient_rows_ += found
                 if log_measured is not None and dtype == gradient_dtypes[-1]:
                     log_measured(update)

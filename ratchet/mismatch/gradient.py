@@ -66,14 +66,19 @@ def forward_key(cfg: GRPOConfig) -> tuple:
             cfg.micro_batch_tokens)
 
 
-def variant_gradients(policy, groups: list, task, cfgs: list[GRPOConfig], engine=None, laps=None) -> list[tuple]:
+def variant_gradients(policy, groups: list, task, cfgs: list[GRPOConfig], engine=None, laps=None,
+                      counts: dict | None = None) -> list[tuple]:
     """[(gradient per parameter, the Experience its forward filled)] per cfg: the policy gradient
     of the whole batch of `groups` under each (update's arithmetic, one mini-batch, no clipping,
     no optimiser step); `engine` (exact_forward only) scores the answers. The cfgs share one
-    forward_key, so each micro-batch's forward runs once and each cfg's loss is backwarded
-    through its graph in turn: the same saved tensors and kernels as a forward of its own, so
-    each gradient is the bits of batch_gradient alone (tests/test_gradient_error.py). The
-    parameters' .grad are left as found. `laps` (runtime.Laps): the engine's scoring apart."""
+    forward_key, so each micro-batch's forward runs once; each cfg's loss gives its gradient at
+    the forward's log-probs, and the cfgs whose gradients there agree bit for bit (MIS inside
+    its band and the reference, the fix and the exact fix) share one backward through the graph
+    below them: the same saved tensors, kernels and upstream bits as a forward and backward of
+    their own, so each gradient is the bits of `loss.backward()` alone
+    (tests/test_gradient_error.py). The parameters' .grad are left as found. `laps`
+    (runtime.Laps): the engine's scoring apart; `counts`, where given, gets "backwards" and
+    "losses" added (how many passes the sharing saved)."""
     from ratchet.rl.experience import make_experience
     from ratchet.rl.update import exact_values, scoring_loss, trainer_forwards
 
@@ -89,22 +94,52 @@ def variant_gradients(policy, groups: list, task, cfgs: list[GRPOConfig], engine
             if laps is not None:
                 laps("gradients: exact scoring")
     tokens = [float(exp.mask.sum()) for exp in exps]
-    held = [[None] * len(params) for _ in cfgs]  # each cfg's .grad between its backwards
+    # the cfgs whose .grad so far are one list (None: no backward yet), and that list
+    shared: list[tuple[list[int], list | None]] = [(list(range(len(cfgs))), None)]
     saved = [p.grad for p in params]
     try:
         for mb, lp, mask, ent in trainer_forwards(policy, exps[0], list(range(len(exps[0].responses))),
                                                   cfgs[0], with_entropy=True):
-            for i, (exp, c) in enumerate(zip(exps, cfgs)):  # as update.backward_loss, unscored
+            upstream = []  # each cfg's gradient at lp, as update.backward_loss's loss gives it
+            for i, (exp, c) in enumerate(zip(exps, cfgs)):
                 loss, _ = scoring_loss(exp, mb, exp.forward_values(lp, mb), mask, ent, tokens[i], c)
-                for p, g in zip(params, held[i]):
+                upstream.append(torch.autograd.grad(loss, lp)[0])
+            jobs = []  # (the cfgs a backward serves, their .grad before it, its upstream)
+            for members, grads in shared:
+                for k, same in enumerate(_bit_equal_classes(members, upstream)):
+                    # where cfgs that shared .grad part, each further part takes a copy of them
+                    own = grads if k == 0 or grads is None else [None if g is None else g.clone() for g in grads]
+                    jobs.append((same, own, upstream[same[0]]))
+            shared = []
+            for k, (same, grads, up) in enumerate(jobs):
+                for p, g in zip(params, grads if grads is not None else [None] * len(params)):
                     p.grad = g
-                loss.backward(retain_graph=i < len(cfgs) - 1)
-                held[i] = [p.grad for p in params]
-        return [([torch.zeros_like(p) if g is None else g.detach() for p, g in zip(params, grads)], exp)
-                for grads, exp in zip(held, exps)]
+                torch.autograd.backward(lp, up, retain_graph=k < len(jobs) - 1)
+                shared.append((same, [p.grad for p in params]))
+            if counts is not None:
+                counts["backwards"] = counts.get("backwards", 0) + len(jobs)
+                counts["losses"] = counts.get("losses", 0) + len(cfgs)
+        held = {i: grads for members, grads in shared for i in members}
+        return [([torch.zeros_like(p) if g is None else g.detach() for p, g in zip(params, held[i])], exp)
+                for i, exp in enumerate(exps)]
     finally:
         for p, g in zip(params, saved):
             p.grad = g
+
+
+def _bit_equal_classes(members: list[int], tensors: list[torch.Tensor]) -> list[list[int]]:
+    """`members` grouped by bit-equal tensors (first seen first): equal floats are not enough,
+    since -0.0 == 0.0 and NaN != NaN would join or split what the bits do not."""
+    classes: list[list[int]] = []
+    for i in members:
+        bits = tensors[i].contiguous().view(torch.uint8)
+        for c in classes:
+            if torch.equal(bits, tensors[c[0]].contiguous().view(torch.uint8)):
+                c.append(i)
+                break
+        else:
+            classes.append([i])
+    return classes
 
 
 def batch_gradient(policy, groups: list, task, cfg: GRPOConfig, engine=None):
@@ -128,7 +163,8 @@ def compare_gradients(grads: list[torch.Tensor], ref: list[torch.Tensor]) -> dic
             "norm": math.sqrt(sq), "ref_norm": math.sqrt(ref_sq)}
 
 
-def batch_rows(policy, engine, groups: list, task, settings: AblateSettings, laps=None) -> list[dict]:
+def batch_rows(policy, engine, groups: list, task, settings: AblateSettings, laps=None,
+               counts: dict | None = None) -> list[dict]:
     """Every variant's gradient of the same batch against the reference's: one row each. The
     variants of one forward (the reference's four on the fp32 masters; the fix and the exact fix
     on the rounded ones) share it (variant_gradients), the reference's first."""
@@ -140,7 +176,7 @@ def batch_rows(policy, engine, groups: list, task, settings: AblateSettings, lap
     found, ref = {}, None
     for names in by_forward.values():
         for v, (grads, exp) in zip(names, variant_gradients(policy, groups, task, [cfgs[v] for v in names],
-                                                            engine, laps)):
+                                                            engine, laps, counts)):
             ref = ref or (grads, exp)  # the reference's group comes first, the reference first in it
             found[v] = (compare_gradients(grads, ref[0]), exp)
         del grads  # the group's last gradients, before the next group's are made (ref's stay)
@@ -162,11 +198,12 @@ def batch_rows(policy, engine, groups: list, task, settings: AblateSettings, lap
 
 
 def gradient_rows(traj: Trajectory, engine, task, settings: AblateSettings, updates: int,
-                  laps=None) -> list[dict]:
+                  laps=None, counts: dict | None = None) -> list[dict]:
     """The rows of one engine dtype after `updates` updates of `traj`: `engine` (of that dtype,
     not the trajectory's) is synced from the masters and draws a fresh batch from a Rollouts of
     its own seed, on which every variant's gradient is compared with the reference's. `laps`
-    (runtime.Laps): the batch's rollouts, the exact fix's scoring and the passes apart."""
+    (runtime.Laps): the batch's rollouts, the exact fix's scoring and the passes apart; `counts`:
+    variant_gradients'."""
     from ratchet.rl.sync import sync_weights
 
     sync_weights(engine, traj.policy)
@@ -176,7 +213,7 @@ def gradient_rows(traj: Trajectory, engine, task, settings: AblateSettings, upda
     if laps is not None:
         laps("gradients: rollouts")
     rows = [{"updates": updates, "steps": traj.step, **r}
-            for r in batch_rows(traj.policy, engine, groups, task, settings, laps)]
+            for r in batch_rows(traj.policy, engine, groups, task, settings, laps, counts)]
     if laps is not None:
         laps("gradients: passes")
     return rows

@@ -103,12 +103,16 @@ def gradient_logger(run, progress, label: str):
     return log_gradient
 
 
-def print_laps(label: str, laps, what: str = "its run") -> None:
+def print_laps(label: str, laps, what: str = "its run", gradient_counts: dict | None = None) -> None:
     """Where the run's time went by phase and, on a GPU, which phases raised its memory's
-    high-water marks (which phase sets the peak)."""
+    high-water marks (which phase sets the peak); with `gradient_counts`, how many backwards the
+    gradients' losses took (variants whose loss gradients agree bit for bit share one)."""
     print(f"[{label}] {what} in {laps.line()}", flush=True)
     if rises := laps.rises_line():
         print(f"[{label}] GPU high-water marks: {rises}", flush=True)
+    if gradient_counts:
+        print(f"[{label}] gradients: {gradient_counts['losses']} losses (a variant a micro-batch), "
+              f"{gradient_counts['backwards']} backwards", flush=True)
 
 
 def timed_progress(label: str, total: int, points) -> tuple[Progress, dict]:
@@ -169,12 +173,12 @@ def ablate_decompose(cfg: dict, run) -> None:
             f"{r['dtype']} changed {r['changed_share']:.4f} off-grid {r['off_grid_share']:.4f}"
             for r in rows), flush=True)
 
-    laps = Laps()
+    laps, counts = Laps(), {}
     frame, vis, grad = along_updates(setup, settings, log=log, log_visibility=log_visibility, laps=laps,
                                      gradient_at=gradient_at, log_gradient=gradient_logger(run, progress, "ablate_decompose"),
-                                     **timing)
+                                     gradient_counts=counts, **timing)
     run.log_metrics({"time/decompose_s": time.perf_counter() - start})  # all: one GRPO run
-    print_laps("ablate_decompose", laps)
+    print_laps("ablate_decompose", laps, gradient_counts=counts)
     write_ablation(run, frame, paths.decompose_table, paths.decompose_figure, decomposition_figure)
     write_ablation(run, vis, paths.visibility_table, paths.visibility_figure, visibility_figure)
     if gradients:
@@ -197,13 +201,13 @@ def ablate_gradient_run(cfg: dict, run, dtype: str) -> None:
     start = time.perf_counter()
     progress, timing = timed_progress(f"ablate_gradient_run {dtype}", max(settings.gradient_updates),
                                       settings.gradient_updates)
-    laps = Laps()
+    laps, counts = Laps(), {}
     _, _, grad = along_updates(setup, settings, visibility_updates=0, measure_at=(),
                                gradient_at=settings.gradient_updates, gradient_dtypes=(dtype,),
                                log_gradient=gradient_logger(run, progress, "ablate_gradient_run"), laps=laps,
-                               **timing)
+                               gradient_counts=counts, **timing)
     run.log_metrics({"time/gradient_s": time.perf_counter() - start})
-    print_laps("ablate_gradient_run", laps)
+    print_laps("ablate_gradient_run", laps, gradient_counts=counts)
     write_parquet(paths.gradient_part(dtype), grad)
     run.log_output(paths.gradient_part(dtype))
 
