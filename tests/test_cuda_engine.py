@@ -420,3 +420,20 @@ def test_batch_invariant_engine_replays_its_rollouts_bit_for_bit(dtype):
         del engine
     print(f"\n{dtype}: max |rollout - teacher forcing| batch-invariant {gaps[True]:.3g}, default {gaps[False]:.3g}")
     assert gaps[True] == 0.0
+
+
+def test_modules_compiled_on_threads_are_the_cache_entries_of_the_device(monkeypatch):
+    """load_many compiles each module on a thread of its own, on the caller's device: cold, each
+    is what `load` then finds in the cache; a compiler error still reaches the caller."""
+    import cupy as cp
+
+    from ratchet.engine.cuda import loader
+
+    monkeypatch.setattr(loader, "_modules", {})
+    specs = [("swiglu", loader.expressions("swiglu", ("fp16",))), ("staging", ()), ("sampler", ())]
+    modules = loader.load_many(specs)
+    assert len(loader._modules) == len(specs)
+    assert all(loader.load(*spec) is m for spec, m in zip(specs, modules))
+    assert {key[-1] for key in loader._modules} == {cp.cuda.runtime.getDevice()}
+    with pytest.raises(Exception, match="no_such_kernel"):
+        loader.load_many([("swiglu", ("no_such_kernel<F16>",))])

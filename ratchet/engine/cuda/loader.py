@@ -99,6 +99,23 @@ def load(name: str, name_expressions: tuple[str, ...] | list[str] = (), extra_op
     return module
 
 
+def load_many(specs: list[tuple[str, tuple[str, ...]]]) -> list:
+    """`load(name, name_expressions)` of each spec, on threads (NVRTC compiles without the GIL):
+    with a cold kernel cache an engine's start waits for its slowest module, not their sum."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import cupy
+
+    device = cupy.cuda.runtime.getDevice()  # each thread's own current device is 0
+
+    def one(spec):
+        with cupy.cuda.Device(device):
+            return load(*spec)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(len(specs), os.cpu_count() or 1, 8))) as pool:
+        return list(pool.map(one, specs))
+
+
 def function(name: str, expr: str, all_exprs: tuple[str, ...] | list[str] | None = None):
     """One kernel: `function("rmsnorm", "add_rmsnorm<F16>")`."""
     exprs = tuple(all_exprs) if all_exprs is not None else (expr,)

@@ -72,13 +72,16 @@ class Ops:
         self.dtype, self.head_dim, self.group = dtype, head_dim, group
         self.storage = np.dtype(STORAGE[dtype])
         attn = ((head_dim, group),)
-        fn = {}
-        for name in ("embedding", "rope", "swiglu", "attention_decode", "attention_prefill"):
-            exprs = loader.expressions(name, (dtype,), attn)
-            module = loader.load(name, exprs)
-            fn.update({e.split("<")[0]: module.get_function(e) for e in exprs})
+        names = ("embedding", "rope", "swiglu", "attention_decode", "attention_prefill")
+        specs = [(name, loader.expressions(name, (dtype,), attn)) for name in names]
         norm_exprs = loader.expressions("rmsnorm", (dtype,))
-        norm = loader.load("rmsnorm", norm_exprs)
+        # every module an engine launches (the sampler's too), compiled at once where the cache is cold
+        *modules, norm, _, _, _ = loader.load_many(specs + [("rmsnorm", norm_exprs),
+                                                            ("convert", loader.expressions("convert")),
+                                                            ("staging", ()), ("sampler", ())])
+        fn = {}
+        for (name, exprs), module in zip(specs, modules):
+            fn.update({e.split("<")[0]: module.get_function(e) for e in exprs})
         fn = {k: pdl_kernel(v) for k, v in fn.items()}  # programmatic dependent launch (launch.py)
         self.f_rmsnorm = pdl_kernel(norm.get_function(norm_exprs[0]))
         self.f_rmsnorm_fast = {(k, p): pdl_kernel(norm.get_function(f"add_rmsnorm_{k}<{TAGS[dtype]}, {p}>"))
