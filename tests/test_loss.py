@@ -133,8 +133,9 @@ def test_policy_loss_variants_come_from_the_registry():
     from types import SimpleNamespace
 
     from ratchet.rl.loss import POLICY_LOSSES, correction_weights
+    from ratchet.rl.loss_names import BUILTIN_POLICY_LOSSES
 
-    assert set(POLICY_LOSSES) == {"none", "tis", "mis"}
+    assert set(POLICY_LOSSES) == {"none", "tis", "mis"} == set(BUILTIN_POLICY_LOSSES)
     old = torch.log(torch.tensor([[0.5, 0.2, 0.9]]))
     eng = torch.log(torch.tensor([[0.25, 0.4, 0.9]]))
     mask = torch.ones(1, 3, dtype=torch.bool)

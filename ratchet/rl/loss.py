@@ -8,8 +8,7 @@ from typing import Callable
 
 import torch
 
-ADVANTAGE_SCALES = ("std", "none")
-IS_LEVELS = ("token", "sequence")
+from ratchet.rl.loss_names import ADVANTAGE_SCALES, IS_LEVELS  # noqa: F401  (re-exported)
 
 # policy-loss variant -> its per-token loss weight (old_trainer, engine, mask, cfg) -> [B, T]
 POLICY_LOSSES: dict[str, Callable] = {}

@@ -60,9 +60,14 @@ class GRPOConfig:
     engine_dtype: str
 
     def __post_init__(self):
-        # here, not at the top: the loss module imports torch, and the Snakefile imports this
-        # module (through ratchet.mismatch) at every Snakemake start, each cluster job's included
-        from ratchet.rl.loss import ADVANTAGE_SCALES, IS_LEVELS, POLICY_LOSSES
+        from ratchet.rl.loss_names import ADVANTAGE_SCALES, BUILTIN_POLICY_LOSSES, IS_LEVELS
+
+        # the loss module (torch) only for a variant registered beyond the built-in ones: the
+        # Snakefile, the report and the tables' jobs read settings and never compute a loss
+        if self.is_correction in BUILTIN_POLICY_LOSSES:
+            POLICY_LOSSES = BUILTIN_POLICY_LOSSES
+        else:
+            from ratchet.rl.loss import POLICY_LOSSES
 
         self.betas = tuple(self.betas)
         checks = [
