@@ -70,10 +70,12 @@ def convert_gguf(path: str | Path, tokenizer_out_dir: str | Path) -> tuple[Model
     written = _write_own_tokenizer(reader, path, tokenizer_out_dir)
     with cf.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         tokenizer = pool.submit(write_gguf_tokenizer, path, tokenizer_out_dir) if not written else None
-        workers = min(8, os.cpu_count() or 1)
+        workers = min(16, os.cpu_count() or 1)
+        source = {t.name: _output(t) for t in reader.tensors}
         with cf.ThreadPoolExecutor(workers) as threads:
-            source = dict(zip((t.name for t in reader.tensors),
-                              threads.map(lambda t: _dequantize(t, path), reader.tensors)))
+            # the large tensors (the embedding, the head) in row blocks: the pool's end waits
+            # for its slowest task, which a whole 136M-value embedding would be
+            list(threads.map(lambda job: _dequantize_rows(*job, source, path), _row_blocks(reader.tensors)))
         if cfg.arch == "llama":
             source = {name: _unpermute_llama(name, w, cfg) for name, w in source.items()}
         weights = fuse(rename(source, WEIGHT_MAP, cfg, str(path)), cfg, str(path))
@@ -103,15 +105,42 @@ def _open(path: Path) -> GGUFFile:
                          f"{type(e).__name__}: {e}") from None
 
 
-def _dequantize(tensor, path: Path) -> np.ndarray:
-    shape = tuple(int(d) for d in reversed(tensor.shape))  # ggml lists the fastest axis first
+BLOCK_VALUES = 1 << 22  # values a dequantisation task at most (whole rows; a row may exceed it)
+
+
+def _output(tensor) -> np.ndarray:
+    """The float32 array a tensor dequantises into, in the engine's axis order."""
+    return np.empty(tuple(int(d) for d in reversed(tensor.shape)), dtype=np.float32)
+
+
+def _row_blocks(tensors) -> list[tuple]:
+    """(tensor, first row, end row) tasks, rows None for a tensor dequantised whole: a tensor's
+    quantisation blocks never cross its rows (ggml quantises along the fastest axis), so any
+    rows dequantise alone, to the same values."""
+    jobs = []
+    for t in tensors:
+        shape = tuple(int(d) for d in reversed(t.shape))
+        if len(shape) < 2 or np.asarray(t.data).shape[0] != shape[0]:
+            jobs.append((t, None, None))
+            continue
+        step = max(1, BLOCK_VALUES // (int(np.prod(shape)) // shape[0] or 1))
+        jobs += [(t, r, min(r + step, shape[0])) for r in range(0, shape[0], step)]
+    return jobs
+
+
+def _dequantize_rows(tensor, start: int | None, end: int | None, out: dict, path: Path) -> None:
+    """Rows [start, end) of `tensor` into out[tensor.name] (all of it where they are None)."""
+    target = out[tensor.name]
     try:
         # a plain ndarray view: slicing the reader's np.memmap costs a third more time
-        values = gguf.quants.dequantize(np.asarray(tensor.data), tensor.tensor_type)
-        return np.ascontiguousarray(values, dtype=np.float32).reshape(shape)
+        data = np.asarray(tensor.data)
+        if start is not None:
+            data, target = data[start:end], target[start:end]
+        target[...] = gguf.quants.dequantize(data, tensor.tensor_type).reshape(target.shape)
     except Exception as e:
         raise InputError(f"{path}: cannot read tensor {tensor.name!r} "
-                         f"({tensor.tensor_type.name}, shape {shape}): {type(e).__name__}: {e}") from None
+                         f"({tensor.tensor_type.name}, shape {tuple(out[tensor.name].shape)}): "
+                         f"{type(e).__name__}: {e}") from None
 
 
 def _unpermute_llama(name: str, w: np.ndarray, cfg: ModelConfig) -> np.ndarray:
