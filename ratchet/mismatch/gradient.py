@@ -94,8 +94,8 @@ def variant_gradients(policy, groups: list, task, cfgs: list[GRPOConfig], engine
             if laps is not None:
                 laps("gradients: exact scoring")
     tokens = [float(exp.mask.sum()) for exp in exps]
-    # the cfgs whose .grad so far are one list (None: no backward yet), and that list
-    shared: list[tuple[list[int], list | None]] = [(list(range(len(cfgs))), None)]
+    # the cfgs whose .grad so far are one list (of None before any backward), and that list
+    shared: list[tuple[list[int], list]] = [(list(range(len(cfgs))), [None] * len(params))]
     saved = [p.grad for p in params]
     try:
         for mb, lp, mask, ent in trainer_forwards(policy, exps[0], list(range(len(exps[0].responses))),
@@ -108,11 +108,11 @@ def variant_gradients(policy, groups: list, task, cfgs: list[GRPOConfig], engine
             for members, grads in shared:
                 for k, same in enumerate(_bit_equal_classes(members, upstream)):
                     # where cfgs that shared .grad part, each further part takes a copy of them
-                    own = grads if k == 0 or grads is None else [None if g is None else g.clone() for g in grads]
+                    own = grads if k == 0 else [None if g is None else g.clone() for g in grads]
                     jobs.append((same, own, upstream[same[0]]))
             shared = []
             for k, (same, grads, up) in enumerate(jobs):
-                for p, g in zip(params, grads if grads is not None else [None] * len(params)):
+                for p, g in zip(params, grads):
                     p.grad = g
                 torch.autograd.backward(lp, up, retain_graph=k < len(jobs) - 1)
                 shared.append((same, [p.grad for p in params]))

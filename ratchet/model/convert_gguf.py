@@ -75,7 +75,7 @@ def convert_gguf(path: str | Path, tokenizer_out_dir: str | Path) -> tuple[Model
         with cf.ThreadPoolExecutor(workers) as threads:
             # the large tensors (the embedding, the head) in row blocks: the pool's end waits
             # for its slowest task, which a whole 136M-value embedding would be
-            list(threads.map(lambda job: _dequantize_rows(*job, source, path), _row_blocks(reader.tensors)))
+            list(threads.map(lambda job: _dequantize_rows(*job, source, path), _row_blocks(reader.tensors, source)))
         if cfg.arch == "llama":
             source = {name: _unpermute_llama(name, w, cfg) for name, w in source.items()}
         weights = fuse(rename(source, WEIGHT_MAP, cfg, str(path)), cfg, str(path))
@@ -113,13 +113,13 @@ def _output(tensor) -> np.ndarray:
     return np.empty(tuple(int(d) for d in reversed(tensor.shape)), dtype=np.float32)
 
 
-def _row_blocks(tensors) -> list[tuple]:
+def _row_blocks(tensors, out: dict) -> list[tuple]:
     """(tensor, first row, end row) tasks, rows None for a tensor dequantised whole: a tensor's
     quantisation blocks never cross its rows (ggml quantises along the fastest axis), so any
-    rows dequantise alone, to the same values."""
+    rows dequantise alone, to the same values. `out`: each tensor's output array (_output)."""
     jobs = []
     for t in tensors:
-        shape = tuple(int(d) for d in reversed(t.shape))
+        shape = out[t.name].shape
         if len(shape) < 2 or np.asarray(t.data).shape[0] != shape[0]:
             jobs.append((t, None, None))
             continue

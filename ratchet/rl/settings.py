@@ -65,9 +65,11 @@ class GRPOConfig:
         # the loss module (torch) only for a variant registered beyond the built-in ones: the
         # Snakefile, the report and the tables' jobs read settings and never compute a loss
         if self.is_correction in BUILTIN_POLICY_LOSSES:
-            POLICY_LOSSES = BUILTIN_POLICY_LOSSES
+            losses = tuple(BUILTIN_POLICY_LOSSES)
         else:
             from ratchet.rl.loss import POLICY_LOSSES
+
+            losses = tuple(POLICY_LOSSES)
 
         self.betas = tuple(self.betas)
         checks = [
@@ -78,7 +80,7 @@ class GRPOConfig:
              f"num_workers {self.num_workers}"),
             (self.advantage in ADVANTAGE_SCALES, f"advantage must be one of {ADVANTAGE_SCALES}"),
             (self.old_logprobs in ("trainer", "engine"), "old_logprobs must be 'trainer' or 'engine'"),
-            (self.is_correction in POLICY_LOSSES, f"is_correction must be one of {tuple(POLICY_LOSSES)}"),
+            (self.is_correction in losses, f"is_correction must be one of {losses}"),
             (self.is_level in IS_LEVELS, f"is_level must be one of {IS_LEVELS}"),
             (self.ahead in (0, 1), "split.ahead must be 0 (synchronous) or 1 (one step ahead)"),
             (self.engine_in in ("auto", "thread", "process"), "split.engine_in must be auto, thread or process"),
