@@ -11,6 +11,7 @@ import json
 import os
 import platform
 import subprocess
+import sys
 import time
 from importlib import metadata
 from pathlib import Path
@@ -121,52 +122,42 @@ def flatten(d: dict, prefix: str = "") -> dict[str, str]:
 
 
 class StageRun:
-    """Context manager around one stage: params, tags, metrics with steps, outputs."""
+    """Context manager around one stage: params, tags, metrics with steps, outputs. The writes
+    go to a tracking_worker process started on entry, which imports MLflow and opens the store
+    while the stage works; exit waits for it to finish them (WORKER_WAIT_S at most)."""
 
-    def __init__(self, stage: str, cfg: dict):
+    def __init__(self, stage: str, cfg: dict, _worker: "_Worker | None" = None, _name: str = ""):
         self.stage = stage
         self.cfg = cfg
         self.results_dir = Path(cfg["results_dir"])
-        self.max_artifact_bytes = cfg["tracking"]["max_artifact_mb"] * 2**20
-        self.client = None
-        self.run_id: str | None = None
-        self._metrics: list = []
+        self._worker = _worker
+        self._name = _name  # "" the stage's own run, else a variant's
         self._children: dict[str, StageRun] = {}
+
+    @property
+    def run_id(self) -> str | None:
+        """The run's MLflow id (waits for the worker to make it); None without tracking."""
+        return self._worker.run_id(self._name) if self._worker is not None else None
 
     # -- lifecycle --------------------------------------------------------------------
     def __enter__(self) -> "StageRun":
         if not enabled():
             return self
-        from mlflow.tracking import MlflowClient
-
-        for key, value in HTTP_LIMITS.items():
-            os.environ.setdefault(key, value)
-        with store_lock(self.results_dir):
-            self.client = MlflowClient(tracking_uri(self.results_dir))
-            experiment_id = self.experiment_id = self._experiment_id()
-            tags = {"ratchet.stage": self.stage, "ratchet.run_name": self.cfg["run_name"],
-                    "device": device_name(), **code_version(), **package_versions()}
-            parent = self._parent_run(experiment_id)
-            if parent:
-                tags["mlflow.parentRunId"] = parent
-            run = self.client.create_run(experiment_id, tags=tags,
-                                         run_name=f"{self.cfg['run_name']}/{self.stage}")
-            self.run_id = run.info.run_id
-            self._log_batch(params=flatten(self.cfg))
-        print(f"[tracking] MLflow run {self.run_id} ({self.stage}) at {tracking_uri(self.results_dir)}")
+        self._worker = _Worker()
+        self._worker.send({"op": "open", "stage": self.stage, "cfg": self.cfg,
+                           "pipeline_id": os.environ.get(PIPELINE_ENV)})
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if self.client is None:
+        if self._worker is None:
             return
-        status = "FAILED" if exc_type else "FINISHED"
-        for child in self._children.values():
-            child.flush()
-            with store_lock(self.results_dir):
-                self.client.set_terminated(child.run_id, status)
-        self.flush()
-        with store_lock(self.results_dir):
-            self.client.set_terminated(self.run_id, status)
+        self._worker.send({"op": "close", "status": "FAILED" if exc_type else "FINISHED"})
+        failure = self._worker.finish()
+        if failure and exc_type is None:  # a failed stage's own error says more
+            from ratchet.tracking_store import TrackingStoreError
+
+            raise TrackingStoreError(f"MLflow tracking of {self.stage} failed: {failure}; "
+                                     "run without tracking: RATCHET_TRACKING=off")
 
     def variant(self, name: str, params: dict | None = None) -> "StageRun":
         """A run nested under this one for one variant of the stage (an ablation run, a source
@@ -174,92 +165,103 @@ class StageRun:
         metric names. Created on first use, closed with this run."""
         child = self._children.get(name)
         if child is None:
-            child = self._children[name] = StageRun(self.stage, self.cfg)
-            if self.client is not None:
-                child.client = self.client
-                tags = {"mlflow.parentRunId": self.run_id, "ratchet.stage": self.stage,
-                        "ratchet.variant": name, "ratchet.run_name": self.cfg["run_name"]}
-                with store_lock(self.results_dir):
-                    run = self.client.create_run(self.experiment_id, tags=tags,
-                                                 run_name=f"{self.cfg['run_name']}/{self.stage}/{name}")
-                child.run_id = run.info.run_id
-                child._log_batch(params={"variant": name, **{k: str(v) for k, v in (params or {}).items()}})
+            child = self._children[name] = StageRun(self.stage, self.cfg, self._worker, name)
+            if self._worker is not None:
+                self._worker.send({"op": "child", "name": name,
+                                   "params": {k: str(v) for k, v in (params or {}).items()}})
         return child
 
     # -- logging ----------------------------------------------------------------------
     def log_metrics(self, metrics: dict[str, float], step: int = 0) -> None:
-        if self.client is None:
+        if self._worker is None:
             return
-        from mlflow.entities import Metric
-
         now = int(time.time() * 1000)
-        self._metrics += [Metric(k, float(v), now, int(step)) for k, v in metrics.items()
-                          if v is not None]
-        if len(self._metrics) >= 900:
-            self.flush()
+        rows = [(k, float(v), now, int(step)) for k, v in metrics.items() if v is not None]
+        for start in range(0, len(rows), 900):  # MLflow's log_batch takes 1,000 at most
+            self._worker.send({"op": "batch", "name": self._name, "metrics": rows[start:start + 900]})
 
     def set_tags(self, tags: dict[str, str]) -> None:
-        if self.client is not None:
-            self._log_batch(tags={k: str(v) for k, v in tags.items()})
+        if self._worker is not None:
+            self._worker.send({"op": "batch", "name": self._name, "tags": {k: str(v) for k, v in tags.items()}})
 
     def log_output(self, path: Path, name: str | None = None) -> str:
         """Record an output's SHA-256 as a tag, and copy it as an artifact if small enough."""
         path = Path(path)
         digest = sha256_of(path)
-        if self.client is None:
+        if self._worker is None:
             return digest
         name = name or path.name
         self.set_tags({f"sha256.{name}": digest})
-        size = path.stat().st_size if path.is_file() else sum(
-            p.stat().st_size for p in path.rglob("*") if p.is_file())
-        if size <= self.max_artifact_bytes:
-            if path.is_file():
-                self.client.log_artifact(self.run_id, str(path))
-            else:
-                self.client.log_artifacts(self.run_id, str(path), artifact_path=name)
+        self._worker.send({"op": "output", "name": self._name, "path": str(path.resolve()), "artifact": name})
         return digest
 
-    def flush(self) -> None:
-        while self._metrics:
-            batch, self._metrics = self._metrics[:900], self._metrics[900:]
-            self._log_batch(metrics=batch)
 
-    # -- internals --------------------------------------------------------------------
-    def _log_batch(self, metrics=(), params=None, tags=None) -> None:
-        from mlflow.entities import Param, RunTag
+WORKER_WAIT_S = 600  # a stage's last writes: SQLite takes well under a second, a dead server its retries
 
-        with store_lock(self.results_dir):
-            self.client.log_batch(
-                self.run_id, metrics=list(metrics),
-                params=[Param(k, v[:6000]) for k, v in (params or {}).items()],
-                tags=[RunTag(k, v[:5000]) for k, v in (tags or {}).items()])
 
-    def _experiment_id(self) -> str:
-        name = self.cfg["tracking"]["experiment"]
-        exp = self.client.get_experiment_by_name(name)
-        if exp is None:
-            location = None
-            if "MLFLOW_TRACKING_URI" not in os.environ:  # keep artifacts beside the SQLite store
-                location = (self.results_dir.resolve() / "mlartifacts").as_uri()
-            exp = self.client.get_experiment(self.client.create_experiment(name, artifact_location=location))
-        if exp.tags.get(EXPERIMENT_KIND[0]) != EXPERIMENT_KIND[1]:
-            self.client.set_experiment_tag(exp.experiment_id, *EXPERIMENT_KIND)
-        return exp.experiment_id
+class _Worker:
+    """A stage's tracking_worker process: messages in on its stdin, run ids back on a pipe."""
 
-    def _parent_run(self, experiment_id: str) -> str | None:
-        pipeline_id = os.environ.get(PIPELINE_ENV)
-        if not pipeline_id:
-            return None
-        marker = self.results_dir / ".pipelines" / f"{pipeline_id}.json"
-        if marker.is_file():
-            return json.loads(marker.read_text())["run_id"]
-        tags = {"ratchet.pipeline_id": pipeline_id, "ratchet.run_name": self.cfg["run_name"],
-                "device": device_name(), **code_version()}
-        run = self.client.create_run(experiment_id, tags=tags,
-                                     run_name=f"{self.cfg['run_name']}/pipeline")
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.write_text(json.dumps({"run_id": run.info.run_id}))
-        return run.info.run_id
+    def __init__(self):
+        read_end, write_end = os.pipe()
+        package_root = str(Path(__file__).resolve().parents[1])  # found from any working directory
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            p for p in (os.environ.get("PYTHONPATH"), package_root) if p)}
+        self.proc = subprocess.Popen([sys.executable, "-m", "ratchet.tracking_worker", str(write_end)],
+                                     stdin=subprocess.PIPE, pass_fds=(write_end,), env=env, text=True)
+        os.close(write_end)
+        self.replies = os.fdopen(read_end)
+        self.ids: dict[str, str] = {}
+        self.error: str | None = None
+
+    def send(self, msg: dict) -> None:
+        try:
+            self.proc.stdin.write(json.dumps(msg) + "\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, ValueError):  # it has stopped: finish() reads why
+            pass
+
+    def run_id(self, name: str) -> str | None:
+        while name not in self.ids and self._read_reply():
+            pass
+        return self.ids.get(name)
+
+    def finish(self) -> str | None:
+        """Wait for the worker to apply every message; its error, or None."""
+        with contextlib.suppress(BrokenPipeError, ValueError):
+            self.proc.stdin.close()
+        try:
+            code = self.proc.wait(timeout=WORKER_WAIT_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            return f"the store did not take the stage's writes within {WORKER_WAIT_S} s"
+        while self._read_reply():
+            pass
+        self.replies.close()
+        if code:
+            return self.error or f"its process exited with status {code}"
+        return None
+
+    def _read_reply(self) -> bool:
+        line = self.replies.readline()
+        if not line:
+            return False
+        reply = json.loads(line)
+        if "error" in reply:
+            self.error = reply["error"]
+        else:
+            self.ids[reply["name"]] = reply["run_id"]
+        return True
+
+
+def preload_mlflow() -> None:
+    """Import MLflow's client on a daemon thread: for a process that will need it later and
+    idles until then (Snakemake's, which closes the parent run when the last job is done)."""
+    import importlib
+    import threading
+
+    threading.Thread(target=importlib.import_module, args=("mlflow.tracking",), daemon=True).start()
 
 
 def end_pipeline(results_dir: str | Path, status: str) -> None:

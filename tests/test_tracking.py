@@ -89,3 +89,38 @@ def test_directory_hash_changes_with_content(tmp_path):
     h1 = tracking.sha256_of(d)
     (d / "a").write_text("2")
     assert tracking.sha256_of(d) != h1
+
+
+def test_a_store_the_worker_cannot_use_fails_the_stage_at_its_end_with_one_line(cfg, tmp_path, monkeypatch):
+    """The writes happen in the stage's tracking worker: a store that fails there (no up-front
+    check_store, as a stage called directly) fails the stage when it ends, naming the cause and
+    the way out; a stage's own error is not masked by it."""
+    from ratchet.tracking_store import TrackingStoreError
+
+    bad = tmp_path / "bad.db"
+    bad.write_text("not a database\n" * 10)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{bad}")
+    with pytest.raises(TrackingStoreError) as failed:
+        with tracking.StageRun("one", cfg) as run:
+            run.log_metrics({"train/loss": 1.0})
+            assert run.run_id is None  # the worker stopped before it made the run
+    message = str(failed.value)
+    assert "MLflow tracking of one failed" in message and "RATCHET_TRACKING=off" in message
+    assert "\n" not in message
+    with pytest.raises(RuntimeError, match="stage failed"):
+        with tracking.StageRun("two", cfg):
+            raise RuntimeError("stage failed")
+
+
+def test_variants_get_runs_of_their_own_and_ids_on_demand(cfg, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    with tracking.StageRun("ablate", cfg) as run:
+        run.variant("fp16/none", {"lr": 1e-6}).log_metrics({"gap": 0.5}, step=3)
+        child_id = run.variant("fp16/none").run_id
+        stage_id = run.run_id
+    client = MlflowClient(tracking.tracking_uri(tmp_path / "results"))
+    child = client.get_run(child_id)
+    assert child.data.tags["mlflow.parentRunId"] == stage_id and child.data.params["lr"] == "1e-06"
+    assert child.data.metrics["gap"] == 0.5 and child.info.status == "FINISHED"
+    assert client.get_run(stage_id).info.status == "FINISHED"

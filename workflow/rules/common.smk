@@ -15,7 +15,7 @@ from ratchet.preflight import check_device
 from ratchet.tracking_store import TrackingStoreError, check_store
 from ratchet.paths import RunPaths
 from ratchet.stages import export_to_jobs, gpu_memory_wanted, settings
-from ratchet.tracking import PIPELINE_ENV, close_abandoned_pipelines, end_pipeline, tracking_uri
+from ratchet.tracking import PIPELINE_ENV, close_abandoned_pipelines, end_pipeline, preload_mlflow, tracking_uri
 from ratchet.tracking import enabled as tracking_enabled
 
 # Fill defaults and reject unknown keys or wrong types with a message naming the key, before
@@ -116,6 +116,12 @@ def where_to_look():
 
 def profile_args():
     return "".join(f" --configfile {shlex_quote(str(f))}" for f in workflow.overwrite_configfiles)
+
+
+onstart:
+    # this process closes the parent run at the end (end_pipeline): MLflow imported meanwhile
+    if tracking_enabled():
+        preload_mlflow()
 
 
 onsuccess:
