@@ -214,6 +214,56 @@ def test_causal_attention_gives_the_masked_answers_and_gradients():
         policy.token_logprobs(prompts, responses, attention="flash")
 
 
+@pytest.mark.parametrize("weight_dtype,attention,compute_dtype", [
+    ("fp32", "mask", "fp32"), ("fp32", "causal", "fp32"), ("fp16", "causal", "fp32"), ("bf16", "causal", "bf16")])
+def test_gradient_checkpointing_gives_the_same_bits(weight_dtype, attention, compute_dtype):
+    """Each layer recomputed in the backward (train/ablate.gradient_checkpointing): the same
+    log-probs, entropy and gradient of every parameter bit for bit as the plain backward, on
+    the masters and on the rounded weights (the fix's forward: its recompute must find them
+    again, not the masters), in fp32 and under autocast."""
+    policy = make_policy()
+    prompts, responses = random_batch(seed=4, rows=5)
+    out = {}
+    for recompute in (False, True):
+        policy.zero_grad()
+        lp, mask, ent = policy.token_logprobs(prompts, responses, with_entropy=True, attention=attention,
+                                              weight_dtype=weight_dtype, compute_dtype=compute_dtype,
+                                              gradient_checkpointing=recompute)
+        (lp[mask].sum() + 0.1 * ent[mask].sum()).backward()
+        out[recompute] = [lp.detach(), ent.detach()] + [p.grad.clone() for p in policy.parameters()]
+    for plain, recomputed in zip(out[False], out[True]):
+        assert torch.equal(plain.view(torch.int32), recomputed.view(torch.int32))
+    assert any(g.abs().sum() > 0 for g in out[True][2:])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("weight_dtype,compute_dtype", [("fp32", "fp32"), ("fp16", "fp32"), ("fp16", "fp16")])
+def test_gradient_checkpointing_gives_the_same_bits_on_cuda(weight_dtype, compute_dtype):
+    """As above on the GPU, where the recompute must pick the same cuBLAS and attention kernels
+    (fp32: memory-efficient attention; fp16 autocast: flash) at answers of GSM8K's lengths."""
+    cfg = ModelConfig(arch="qwen2", vocab_size=2000, hidden_size=256, intermediate_size=704, num_layers=4,
+                      num_heads=4, num_kv_heads=2, head_dim=64, rope_theta=10000.0, tie_word_embeddings=False,
+                      qkv_bias=True)
+    from random_model import random_weights as scaled_weights  # activations O(1): no fp16 overflow
+
+    policy = Policy(cfg)
+    policy.load_weights(scaled_weights(cfg, seed=1))
+    policy.cuda()
+    rng = np.random.default_rng(2)
+    prompts = [rng.integers(0, 2000, rng.integers(40, 120)).tolist() for _ in range(8)]
+    responses = [rng.integers(0, 2000, rng.integers(10, 300)).tolist() for _ in range(8)]
+    out = {}
+    for recompute in (False, True):
+        policy.zero_grad()
+        lp, mask, ent = policy.token_logprobs(prompts, responses, with_entropy=True, attention="causal",
+                                              weight_dtype=weight_dtype, compute_dtype=compute_dtype,
+                                              gradient_checkpointing=recompute)
+        (lp[mask].sum() + 0.1 * ent[mask].sum()).backward()
+        out[recompute] = [lp.detach(), ent.detach()] + [p.grad.clone() for p in policy.parameters()]
+    for plain, recomputed in zip(out[False], out[True]):
+        assert torch.equal(plain.view(torch.int32), recomputed.view(torch.int32))
+
+
 def _old_rounded(policy: Policy, dtype: str) -> dict[str, torch.Tensor]:
     """The straight-through sum the cache replaced: w + (round(w) - w), once per call."""
     from ratchet.trainer.precision import torch_dtype

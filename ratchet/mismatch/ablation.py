@@ -60,6 +60,7 @@ class AblateSettings:
     mis_high: float
     micro_batch_size: int
     micro_batch_tokens: int | None  # None: train.micro_batch_tokens
+    gradient_checkpointing: bool | None  # None: train.gradient_checkpointing
     compute_dtype: str  # the runs' trainer arithmetic (ablate.compute_dtype, not train's)
     updates_compute_dtype: str | None  # ablate_decompose's run (None: compute_dtype)
     max_steps_per_update: int
@@ -103,6 +104,8 @@ class AblateSettings:
                       clip_eps_high=self.eps, tis_cap=self.tis_cap, mis_low=self.mis_low,
                       mis_high=self.mis_high, micro_batch_size=self.micro_batch_size,
                       micro_batch_tokens=self.micro_batch_tokens or self.train.micro_batch_tokens,
+                      gradient_checkpointing=(self.train.gradient_checkpointing if self.gradient_checkpointing is None
+                                              else self.gradient_checkpointing),
                       compute_dtype=self.compute_dtype, seed=self.seed, engine_dtype=self.engine_dtype,
                       is_correction="none", round_weights=False, exact_forward=False)
         return dataclasses.replace(self.train, **{**ablate, **FIX_RUNS[run]})

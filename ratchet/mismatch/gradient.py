@@ -63,7 +63,7 @@ def forward_key(cfg: GRPOConfig) -> tuple:
     """What decides a variant's forward pass: variants equal in it share one (the loss's
     weighting of the tokens, its old log-probs and the exact forward's values come after)."""
     return (cfg.weight_dtype, cfg.compute_dtype, cfg.temperature, cfg.attention, cfg.micro_batch_size,
-            cfg.micro_batch_tokens)
+            cfg.micro_batch_tokens, cfg.gradient_checkpointing)
 
 
 def variant_gradients(policy, groups: list, task, cfgs: list[GRPOConfig], engine=None, laps=None,

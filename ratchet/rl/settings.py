@@ -43,6 +43,7 @@ class GRPOConfig:
     exact_forward: bool
     compute_dtype: str
     attention: str
+    gradient_checkpointing: bool
     num_minibatches: int
     micro_batch_size: int
     micro_batch_tokens: int | None

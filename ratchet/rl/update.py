@@ -88,7 +88,8 @@ def trainer_forwards(policy, exp: Experience, rows, cfg: GRPOConfig, with_entrop
         lp, mask, ent = policy.token_logprobs([exp.prompts[i] for i in mb], [exp.responses[i] for i in mb],
                                               temperature=cfg.temperature, weight_dtype=cfg.weight_dtype,
                                               compute_dtype=cfg.compute_dtype, with_entropy=with_entropy,
-                                              attention=cfg.attention)
+                                              attention=cfg.attention,
+                                              gradient_checkpointing=cfg.gradient_checkpointing)
         index = to_device(torch.tensor(mb, dtype=torch.long), exp.mask.device)  # not a list: its
         yield index, lp, mask, ent  # upload would wait for the GPU
 

@@ -84,6 +84,18 @@ class Block(nn.Module):
         return self.wo(o.transpose(1, 2).reshape(b, t, self.num_heads * hd))
 
 
+def _recomputed(layer: nn.Module, x, cos, sin, mask):
+    """checkpoint() of one layer on the weights it holds now. Under functional_call (the fix's
+    rounded weights) those are swapped in for the forward only: the backward's recompute would
+    find the fp32 masters, so the weights go in as inputs and are swapped in again there."""
+    names, weights = zip(*layer.named_parameters())
+
+    def run(x, *weights):
+        return functional_call(layer, dict(zip(names, weights)), (x, cos, sin, mask))
+
+    return checkpoint(run, x, *weights, use_reentrant=False)
+
+
 @dataclass
 class PackedBatch:
     """prompt + response per row, right-padded, and where the response tokens are."""
@@ -221,20 +233,25 @@ class Policy(nn.Module):
         return self._rope[0][:length], self._rope[1][:length]
 
     def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                      attention: str = "mask") -> torch.Tensor:
+                      attention: str = "mask", gradient_checkpointing: bool = False) -> torch.Tensor:
         """Final-normed hidden states [B, T, D]; right padding, positions from 0 in every row.
 
         `attention` "mask": an explicit [B, T, T] mask (PyTorch then takes its math or
         memory-efficient kernel); "causal": is_causal alone, which with right padding gives
         every real token the same keys (the pads come after it), and lets PyTorch take a
-        fused kernel; the pads' own hidden states differ, and nothing reads them."""
+        fused kernel; the pads' own hidden states differ, and nothing reads them.
+
+        `gradient_checkpointing` (with grad enabled): each layer keeps only its input for the
+        backward, which recomputes the layer with the same kernels on the same input, so the
+        gradients' bits are those of a plain backward (tests/test_policy.py)."""
         if attention not in ATTENTION:
             raise ValueError(f"attention {attention!r} is not one of {ATTENTION}")
         cos, sin = self.rope(input_ids.shape[1], input_ids.device)
         mask = None if attention == "causal" else self.attention_mask(input_ids, attention_mask)[:, None]
         x = self.embed(input_ids)
+        recompute = gradient_checkpointing and torch.is_grad_enabled()
         for layer in self.layers:
-            x = layer(x, cos, sin, mask)
+            x = _recomputed(layer, x, cos, sin, mask) if recompute else layer(x, cos, sin, mask)
         return self.norm(x)
 
     @staticmethod
@@ -252,7 +269,8 @@ class Policy(nn.Module):
     def token_logprobs(self, prompts: list[list[int]], responses: list[list[int]],
                        temperature: float = 1.0, weight_dtype: str = "fp32",
                        compute_dtype: str = "fp32", chunk_size: int = 2048,
-                       with_entropy: bool = False, attention: str = "mask"):
+                       with_entropy: bool = False, attention: str = "mask",
+                       gradient_checkpointing: bool = False):
         """(logprobs [B, Rmax] fp32, mask [B, Rmax] bool, entropy [B, Rmax] or None).
 
         log_softmax(logits / temperature) at each response token; temperature 0 (greedy) scores
@@ -263,7 +281,7 @@ class Policy(nn.Module):
         temperature = temperature or 1.0
         device = self.embed.weight.device
         batch = pack(prompts, responses, device)
-        args = (batch, temperature, chunk_size, with_entropy, attention)
+        args = (batch, temperature, chunk_size, with_entropy, attention, gradient_checkpointing)
         with autocast(device.type, compute_dtype):
             if weight_dtype == "fp32":
                 chosen, entropy = self(*args)
@@ -276,9 +294,10 @@ class Policy(nn.Module):
         return logprobs, batch.response_mask, entropy if with_entropy else None
 
     def forward(self, batch: PackedBatch, temperature: float, chunk_size: int, with_entropy: bool,
-                attention: str = "mask"):
+                attention: str = "mask", gradient_checkpointing: bool = False):
         """The body of `token_logprobs`, as `forward` so `functional_call` can swap the weights."""
-        h = self.hidden_states(batch.input_ids, batch.attention_mask, attention)[batch.rows, batch.positions]  # [N, D]
+        h = self.hidden_states(batch.input_ids, batch.attention_mask, attention,
+                               gradient_checkpointing)[batch.rows, batch.positions]  # [N, D]
         head = self.head_weight()
         chosen, entropy = [h.new_zeros(0, dtype=torch.float32)], [h.new_zeros(0, dtype=torch.float32)]
         for start in range(0, h.shape[0], chunk_size):
