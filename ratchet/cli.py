@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args = _parser(name).parse_intermixed_args(argv[1:])  # overrides before or after --config
     args.stage = name
-    cfg = None
+    cfg = jobs = None
     try:
         cfg = _config(args)
         if args.stage == "config":
@@ -143,10 +143,11 @@ def main(argv: list[str] | None = None) -> int:
             from ratchet.progress import set_console_fd
 
             set_console_fd(args.progress_fd)
-        claim_gpus_for(args.stage, cfg)  # before the preflight's device check starts CUDA
+        jobs = _jobs(args.stage, cfg, getattr(args, "job", []))
+        claim_gpus_for(args.stage, cfg, jobs)  # before the preflight's device check starts CUDA
         if not args.config_from_env:
             _preflight(args.stage, cfg)
-        for job in _jobs(args.stage, cfg, getattr(args, "job", [])):
+        for job in jobs:
             run_stage(args.stage, cfg, by_hand=not args.config_from_env, force=args.force, job=job)
     except InputError as e:  # bad config, data, model files, a missing input, the store: one line
         print(f"ratchet: {e}", file=sys.stderr)
@@ -156,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
 
         if cfg is None or not is_gpu_oom(e):
             raise
-        print(f"ratchet: {oom_message(args.stage, cfg, e)}", file=sys.stderr)
+        print(f"ratchet: {oom_message(args.stage, cfg, e, jobs)}", file=sys.stderr)
         return 3
     return 0
 

@@ -41,7 +41,8 @@ def _message(err: jsonschema.ValidationError) -> str:
         allowed = sorted(err.schema.get("properties", {}))
         extra = sorted(set(err.instance) - set(allowed))
         key = ".".join(filter(None, [where, extra[0] if extra else "?"]))
-        return f"config: unknown key {key!r} (allowed here: {', '.join(allowed)})"
+        jobs = " or a job of one of them by its label (ablate_fix_run-exact)" if err.schema.get("patternProperties") else ""
+        return f"config: unknown key {key!r} (allowed here: {', '.join(allowed)}{jobs})"
     if err.validator == "type":
         return (f"config: key {where!r} must be of type {err.validator_value}, "
                 f"got {type(err.instance).__name__} {err.instance!r}")

@@ -38,7 +38,7 @@ def _value(cfg: dict, key: str):
     return node
 
 
-def oom_message(stage: str, cfg: dict, exc: BaseException) -> str:
+def oom_message(stage: str, cfg: dict, exc: BaseException, jobs: list | None = None) -> str:
     """One line: what ran out, the settings that set the stage's peak, and what to try."""
     said = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     said = said if len(said) <= 160 else said[:157] + "..."
@@ -51,7 +51,7 @@ def oom_message(stage: str, cfg: dict, exc: BaseException) -> str:
         if example:
             line += f" (say {example}: an override after the stage's command, or snakemake --config set='{example}')"
         line += "."
-    stated = gpu_memory_wanted(stage, cfg)
+    stated = gpu_memory_wanted(stage, cfg, jobs)
     if stated > 0:
         line += (f" The profile states {stated:g} GiB for it (gpu_memory_gib): if other GPU jobs ran beside it,"
                  " raise that, or run one GPU job at a time (--resources gpu_jobs=1).")
@@ -68,9 +68,11 @@ def gpu_memory_shortfall(cfg: dict, totals: dict[str, float]) -> str | None:
         return None
     largest = max(totals.values())
     over = {s: gib for s in GPU_STAGES if (gib := gpu_memory_wanted(s, cfg)) > largest}
+    over |= {label: float(gib) for label, gib in (cfg.get("gpu_memory_gib") or {}).items()  # a job's own
+             if label.split("-")[0] in GPU_STAGES and "-" in label and gib is not None and gib > largest}
     if not over:
         return None
-    knobs = sorted({memory_knobs(s)[0] for s in over})
+    knobs = sorted({memory_knobs(s.split("-")[0])[0] for s in over})
     rules = ", ".join(f"{s} {gib:g}" for s, gib in sorted(over.items(), key=lambda kv: -kv[1]))
     return (f"the largest GPU here has {largest:.0f} GiB, and the profile states more for {rules} GiB "
             f"(gpu_memory_gib, measured peaks): those rules run alone on it and may run out of memory. "

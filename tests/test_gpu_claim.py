@@ -197,6 +197,8 @@ def test_a_stage_needs_what_its_profile_says(tmp_path):
     assert gpu_memory_wanted("verify", validate({})) == 0
     with pytest.raises(ConfigError, match="ablate_fxi"):
         validate({"gpu_memory_gib": {"ablate_fxi": 67}})
+    with pytest.raises(ConfigError, match="verify-again"):  # only a stage of several jobs has labels
+        validate({"gpu_memory_gib": {"verify-again": 67}})
 
 
 def test_gpus_their_totals_and_a_process_peak_come_from_nvidia_smi(tmp_path, monkeypatch):

@@ -98,6 +98,8 @@ def test_a_gpu_smaller_than_the_stated_peaks_is_said_at_the_start():
     assert "eval_baseline" not in said and "build_engine" not in said  # 10 and 15 GiB fit
     assert "ablate.micro_batch_tokens or engine.vllm.gpu_memory_utilization or train.micro_batch_tokens" in said
     assert gpu_memory_shortfall(cfg, {"0": 139.8, "1": 23.6}) is None  # the largest fits them all
+    one_job = {**cfg, "gpu_memory_gib": {**stated, "ablate_fix_run-exact": 150}}  # a job stated alone
+    assert "ablate_fix_run-exact 150" in gpu_memory_shortfall(one_job, {"0": 139.8})
     assert gpu_memory_shortfall(cfg, {}) is None  # nothing known (no nvidia-smi)
     assert gpu_memory_shortfall(config_mod.load(ROOT / "config" / "config.yaml"), {"0": 8.0}) is None  # none stated
     assert check_gpu_memory(cfg, "numpy") is None  # a CPU run: no GPU to compare

@@ -147,3 +147,29 @@ def test_the_stages_that_gather_tables_start_without_torch():
             "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_job_stated_alone_asks_for_its_own_gpu_memory(tmp_path):
+    """gpu_memory_gib.<label> (ablate_fix_run-exact, as its log is named) over its stage's: the
+    fix runs that hold less fit more of them beside the others; a job not named takes its
+    stage's statement."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RATCHET_", "MLFLOW_"))}
+    stated = ("ablate.parallel_jobs=fix_runs gpu_memory_gib.ablate_fix_run=30 "
+              "gpu_memory_gib.ablate_fix_run-exact=25.5 gpu_memory_gib.ablate_fix_run-none=20")
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"),
+                           "--directory", str(tmp_path), "-n", "--cores", "1", "--resources", "gpu_mem_gib=100",
+                           "--config", f"set={stated}", "--", "ablate_fix"],
+                          capture_output=True, text=True, env={**env, "RATCHET_TRACKING": "off"}, timeout=300,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    asked, remedy = {}, None
+    for line in proc.stdout.splitlines():
+        if m := re.search(r"wildcards: remedy=(\w+)", line):
+            remedy = m.group(1)
+        elif remedy and (m := re.search(r"gpu_mem_gib=(\d+)", line)):
+            asked[remedy], remedy = int(m.group(1)), None
+    assert asked == {"none": 20, "fix": 30, "exact": 26, "tis": 30, "mis": 30}, proc.stdout[-3000:]
+    cfg = validate({"gpu_memory_gib": {"ablate_fix_run": 30, "ablate_fix_run-exact": 25.5}})
+    assert registry.gpu_memory_wanted("ablate_fix_run", cfg, [{"remedy": "exact"}]) == 25.5
+    assert registry.gpu_memory_wanted("ablate_fix_run", cfg, [{"remedy": "tis"}, {"remedy": "exact"}]) == 30
+    assert registry.gpu_memory_wanted("ablate_fix_run", cfg) == 30

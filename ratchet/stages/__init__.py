@@ -83,7 +83,7 @@ def _gpu_peak(stage: str):
     return ProcessPeak()
 
 
-def claim_gpus_for(stage: str, cfg: dict) -> None:
+def claim_gpus_for(stage: str, cfg: dict, jobs: list[dict[str, str] | None] | None = None) -> None:
     """A GPU stage's GPUs on a machine of several, and the memory it waits for on them
     (ratchet/gpu_claim.py): claimed by the CLI, where a job's process starts, before its
     preflight or the stage can start CUDA."""
@@ -92,7 +92,7 @@ def claim_gpus_for(stage: str, cfg: dict) -> None:
         from ratchet.gpu_memory import allocator_defaults
 
         allocator_defaults()
-        claim_gpus(stage, gpus_wanted(stage, cfg), gpu_memory_wanted(stage, cfg))
+        claim_gpus(stage, gpus_wanted(stage, cfg), gpu_memory_wanted(stage, cfg, jobs))
 
 
 def pipeline_id_file(cfg: dict) -> Path:

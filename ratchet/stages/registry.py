@@ -46,13 +46,18 @@ def gpus_wanted(stage: str, cfg: dict) -> int:
             "verify": max(train["num_workers"], split)}.get(stage, 1)
 
 
-def gpu_memory_wanted(stage: str, cfg: dict) -> float:
-    """The GiB a GPU stage's job waits for on its GPU (config `gpu_memory_gib`; 0: no wait)."""
+def gpu_memory_wanted(stage: str, cfg: dict, jobs: list[dict[str, str] | None] | None = None) -> float:
+    """The GiB a GPU stage's job waits for on its GPU (config `gpu_memory_gib`; 0: no wait):
+    a job's own statement (its label, "ablate_fix_run-exact") over its stage's, the stage's
+    over `default`; for several `jobs` in one process, the largest of theirs."""
     wanted = cfg.get("gpu_memory_gib") or {}
     if stage not in GPU_STAGES:
         return 0.0
-    own = wanted.get(stage)
-    return float(wanted.get("default") or 0 if own is None else own)
+    stage_own = wanted.get(stage)
+    stated = float(wanted.get("default") or 0 if stage_own is None else stage_own)
+    labels = [job_label(stage, job) for job in jobs or [] if job]
+    return max((float(wanted[label]) if wanted.get(label) is not None else stated for label in labels),
+               default=stated)
 
 
 # the settings that set a GPU stage's peak memory, the likeliest lever first: a stage that runs

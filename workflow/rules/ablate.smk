@@ -61,7 +61,7 @@ rule ablate_gradient_run:
     priority: 8
     resources:
         gpu_jobs=GPU_JOB_SLOTS,
-        gpu_mem_gib=gpu_mem_gib("ablate_gradient_run"),
+        gpu_mem_gib=job_gpu_mem_gib("ablate_gradient_run"),
     conda:
         "../envs/ratchet.yaml"
     log:
@@ -108,7 +108,7 @@ rule ablate_fix_run:
     priority: 7
     resources:
         gpu_jobs=GPU_JOB_SLOTS,
-        gpu_mem_gib=gpu_mem_gib("ablate_fix_run"),
+        gpu_mem_gib=job_gpu_mem_gib("ablate_fix_run"),
     conda:
         "../envs/ratchet.yaml"
     log:

@@ -15,6 +15,7 @@ from ratchet.preflight import check_device
 from ratchet.tracking_store import TrackingStoreError, check_store
 from ratchet.paths import RunPaths
 from ratchet.stages import export_to_jobs, gpu_memory_wanted, settings
+from ratchet.stages.registry import stage_jobs
 from ratchet.tracking import PIPELINE_ENV, close_abandoned_pipelines, end_pipeline, preload_mlflow, tracking_uri
 from ratchet.tracking import enabled as tracking_enabled
 
@@ -37,12 +38,22 @@ P = RunPaths.from_config(config)
 GPU_JOB_SLOTS = config["gpu_job_slots"]  # of --resources gpu_jobs (profiles/default: 2) a GPU rule takes
 
 
-def gpu_mem_gib(stage):
+def gpu_mem_gib(stage, wildcards=None):
     """The GiB a GPU rule's job holds at its peak (config gpu_memory_gib, rounded up; 0 where
-    none is stated). Given the GPU's memory (`--resources gpu_mem_gib=140`), Snakemake starts
-    only the GPU rules that fit beside those running; without it the jobs still wait on the
-    GPU itself (ratchet/gpu_claim.py), each holding a gpu_jobs slot as it waits."""
-    return math.ceil(gpu_memory_wanted(stage, config))
+    none is stated; `wildcards`, a job's: its own statement where the config has one). Given
+    the GPU's memory (`--resources gpu_mem_gib=140`), Snakemake starts only the GPU rules that
+    fit beside those running; without it the jobs still wait on the GPU itself
+    (ratchet/gpu_claim.py), each holding a gpu_jobs slot as it waits."""
+    jobs = None
+    if wildcards is not None:  # the registry's job, whose keys are in its label's order
+        given = dict(wildcards.items())
+        jobs = [job for job in stage_jobs(stage, config) if job == given] or [given]
+    return math.ceil(gpu_memory_wanted(stage, config, jobs))
+
+
+def job_gpu_mem_gib(stage):
+    """gpu_mem_gib of each job of a rule with wildcards, as Snakemake asks for it."""
+    return lambda wildcards: gpu_mem_gib(stage, wildcards)
 
 # The stages read the whole validated config from the environment the jobs inherit, and all
 # jobs of this invocation share one MLflow parent run. Each rule names the config sections it

@@ -23,7 +23,7 @@ rule ablate_learning_run:
     priority: 6
     resources:
         gpu_jobs=GPU_JOB_SLOTS,
-        gpu_mem_gib=gpu_mem_gib("ablate_learning_run"),
+        gpu_mem_gib=job_gpu_mem_gib("ablate_learning_run"),
     conda:
         "../envs/ratchet.yaml"
     log:
