@@ -140,24 +140,6 @@ def test_tiny_gguf_weights_and_logits(tmp_path, arch):
     assert relative_diff(ours, ref) <= 1e-5
 
 
-@pytest.mark.parametrize("block_values", [1, 100, 1 << 22])
-def test_tensors_dequantised_in_row_blocks_are_the_whole_tensors(tmp_path, monkeypatch, block_values):
-    """The large tensors are dequantised in blocks of rows on the thread pool: with blocks of one
-    row, of a few, or whole (every tiny tensor under the default), the same bits."""
-    import ratchet.model.convert_gguf as cg
-
-    path = tmp_path / "tiny.gguf"
-    write_gguf(path, "qwen2")
-    _, whole = convert_gguf(path, tmp_path / "tok")
-    monkeypatch.setattr(cg, "BLOCK_VALUES", block_values)
-    tensors = cg._open(path).tensors
-    jobs = cg._row_blocks(tensors, {t.name: cg._output(t) for t in tensors})
-    assert (len(jobs) > len(tensors)) == (block_values < 1 << 22)
-    _, blocked = convert_gguf(path, tmp_path / "tok2")
-    assert whole.keys() == blocked.keys()
-    assert all(np.array_equal(whole[k].view(np.uint32), blocked[k].view(np.uint32)) for k in whole)
-
-
 def test_tiny_gguf_tokenizer_round_trips(tmp_path):
     path = tmp_path / "tiny.gguf"
     write_gguf(path, "qwen2")

@@ -1,7 +1,8 @@
 """llama.cpp GGUF file (qwen2 or llama) -> (ModelConfig, engine weights) and a tokenizer directory.
 
-The header is read by ratchet/model/gguf_file.py; tensors are dequantised to float32 by the
-`gguf` package (any ggml type it knows).
+The header is read by ratchet/model/gguf_file.py; tensors are dequantised to float32 by
+ratchet/model/dequantize.py (torch, the types Qwen2.5's files use) or the `gguf` package (any
+other ggml type it knows), to the same bits.
 llama.cpp's converter permutes the Q and K rows of `llama` files (its RoPE kernel pairs
 neighbouring dimensions, HF's rotate-half pairs i with i + head_dim/2); we undo that, as
 transformers' `LlamaTensorProcessor` does. `qwen2` files are not permuted. The tokenizer is
@@ -16,13 +17,16 @@ from pathlib import Path
 
 import gguf
 import numpy as np
+import torch
 
 from ratchet.errors import InputError, MissingInputError
 from ratchet.model.config import ModelConfig
-from ratchet.model.convert_hf import fuse, rename
+from ratchet.model.convert_hf import fused_parts, rename
+from ratchet.model.dequantize import dequantize_into, huge_page_arrays
 from ratchet.model.gguf_file import GGUFFile, read_gguf
 from ratchet.model.gguf_tokenizer import write_tokenizer
 from ratchet.model.io import inline_chat_template
+from ratchet.model.layout import check_weights, expected_shapes
 
 # GGUF name -> engine name before fusion; `{}` is the layer index.
 WEIGHT_MAP = {
@@ -57,7 +61,6 @@ def convert_gguf(path: str | Path, tokenizer_out_dir: str | Path) -> tuple[Model
         raise MissingInputError(f"GGUF file not found: {path}")
     import concurrent.futures as cf
     import multiprocessing
-    import os
 
     print(f"reading {path}")
     start = time.perf_counter()
@@ -65,27 +68,19 @@ def convert_gguf(path: str | Path, tokenizer_out_dir: str | Path) -> tuple[Model
     cfg = read_gguf_config(reader, path)
     # The tokenizer from the fields already read (byte-level BPE, Qwen2's pre-tokenizer);
     # any other through transformers' conversion, which parses the metadata again, in a second
-    # process while this one dequantises, tensor by tensor on a thread pool (NumPy releases
-    # the GIL).
+    # process while this one dequantises, tensor by tensor, each on all cores (dequantize.py).
     written = _write_own_tokenizer(reader, path, tokenizer_out_dir)
     with cf.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         tokenizer = pool.submit(write_gguf_tokenizer, path, tokenizer_out_dir) if not written else None
-        workers = min(16, os.cpu_count() or 1)
-        source = {t.name: _output(t) for t in reader.tensors}
-        with cf.ThreadPoolExecutor(workers) as threads:
-            # the large tensors (the embedding, the head) in row blocks: the pool's end waits
-            # for its slowest task, which a whole 136M-value embedding would be
-            list(threads.map(lambda job: _dequantize_rows(*job, source, path), _row_blocks(reader.tensors, source)))
-        if cfg.arch == "llama":
-            source = {name: _unpermute_llama(name, w, cfg) for name, w in source.items()}
-        weights = fuse(rename(source, WEIGHT_MAP, cfg, str(path)), cfg, str(path))
+        weights = _engine_weights(reader, cfg, path)
         dequantised = time.perf_counter() - start
         if tokenizer is not None:
             tokenizer.result()  # its ValueError, if any, names the file
     # where the time goes, for a machine where this step is slow (the two run side by side)
     how = "ratchet's" if written else "transformers'"
     print(f"[convert_gguf] {len(reader.tensors)} tensors read and dequantised in {dequantised:.1f} s "
-          f"({workers} threads); tokenizer ({how} conversion) ready at {time.perf_counter() - start:.1f} s")
+          f"({torch.get_num_threads()} threads); tokenizer ({how} conversion) ready at "
+          f"{time.perf_counter() - start:.1f} s")
     return cfg, weights
 
 
@@ -105,42 +100,38 @@ def _open(path: Path) -> GGUFFile:
                          f"{type(e).__name__}: {e}") from None
 
 
-BLOCK_VALUES = 1 << 22  # values a dequantisation task at most (whole rows; a row may exceed it)
+class _Stored:
+    """A GGUF tensor as rename() sees it: its shape in the engine's axis order (ggml's reversed)."""
+
+    def __init__(self, tensor):
+        self.tensor, self.shape = tensor, tuple(int(d) for d in reversed(tensor.shape))
 
 
-def _output(tensor) -> np.ndarray:
-    """The float32 array a tensor dequantises into, in the engine's axis order."""
-    return np.empty(tuple(int(d) for d in reversed(tensor.shape)), dtype=np.float32)
+def _engine_weights(reader: GGUFFile, cfg: ModelConfig, path: Path) -> dict[str, np.ndarray]:
+    """Every engine tensor in float32, each GGUF tensor dequantised straight into its rows of
+    it (q, k, v into wqkv; gate, up into w_gate_up): no concatenation copies, and a tied
+    checkpoint's stored head (151,936 x 896 at 0.5B) is never dequantised."""
+    parts = rename({t.name: _Stored(t) for t in reader.tensors}, WEIGHT_MAP, cfg, str(path))
+    stored = {name: [parts[p] for p in fused_parts(name) or (name,)] for name in expected_shapes(cfg)}
+    weights = huge_page_arrays({name: (sum(s.shape[0] for s in ss), *ss[0].shape[1:]) for name, ss in stored.items()})
+    for name, out in weights.items():
+        row = 0
+        for s in stored[name]:
+            rows = out[row:row + s.shape[0]]
+            _dequantize(s.tensor, rows, path)
+            if cfg.arch == "llama":
+                rows[...] = _unpermute_llama(s.tensor.name, rows, cfg)
+            row += s.shape[0]
+    check_weights(cfg, weights, str(path))
+    return weights
 
 
-def _row_blocks(tensors, out: dict) -> list[tuple]:
-    """(tensor, first row, end row) tasks, rows None for a tensor dequantised whole: a tensor's
-    quantisation blocks never cross its rows (ggml quantises along the fastest axis), so any
-    rows dequantise alone, to the same values. `out`: each tensor's output array (_output)."""
-    jobs = []
-    for t in tensors:
-        shape = out[t.name].shape
-        if len(shape) < 2 or np.asarray(t.data).shape[0] != shape[0]:
-            jobs.append((t, None, None))
-            continue
-        step = max(1, BLOCK_VALUES // (int(np.prod(shape)) // shape[0] or 1))
-        jobs += [(t, r, min(r + step, shape[0])) for r in range(0, shape[0], step)]
-    return jobs
-
-
-def _dequantize_rows(tensor, start: int | None, end: int | None, out: dict, path: Path) -> None:
-    """Rows [start, end) of `tensor` into out[tensor.name] (all of it where they are None)."""
-    target = out[tensor.name]
+def _dequantize(tensor, out: np.ndarray, path: Path) -> None:
     try:
-        # a plain ndarray view: slicing the reader's np.memmap costs a third more time
-        data = np.asarray(tensor.data)
-        if start is not None:
-            data, target = data[start:end], target[start:end]
-        target[...] = gguf.quants.dequantize(data, tensor.tensor_type).reshape(target.shape)
+        dequantize_into(np.asarray(tensor.data), tensor.tensor_type, out)
     except Exception as e:
         raise InputError(f"{path}: cannot read tensor {tensor.name!r} "
-                         f"({tensor.tensor_type.name}, shape {tuple(out[tensor.name].shape)}): "
-                         f"{type(e).__name__}: {e}") from None
+                         f"({tensor.tensor_type.name}, shape {out.shape}): {type(e).__name__}: {e}") from None
 
 
 def _unpermute_llama(name: str, w: np.ndarray, cfg: ModelConfig) -> np.ndarray:

@@ -218,7 +218,7 @@ def unfused_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     part_rows = {"wq": q, "wk": kv, "wv": kv, "w_gate": f, "w_up": f}
     shapes: dict[str, tuple[int, ...]] = {}
     for name, shape in expected_shapes(cfg).items():
-        parts = _parts(name)
+        parts = fused_parts(name)
         if parts is None:
             shapes[name] = shape
             continue
@@ -232,7 +232,7 @@ def fuse(weights: dict[str, np.ndarray], cfg: ModelConfig, where: str) -> dict[s
     """Stack q, k, v into wqkv and gate, up into w_gate_up; everything else passes through."""
     out: dict[str, np.ndarray] = {}
     for name in expected_shapes(cfg):
-        parts = _parts(name)
+        parts = fused_parts(name)
         if parts is None:
             out[name] = np.ascontiguousarray(weights[name], dtype=np.float32)
         else:
@@ -242,7 +242,7 @@ def fuse(weights: dict[str, np.ndarray], cfg: ModelConfig, where: str) -> dict[s
     return out
 
 
-def _parts(engine_name: str) -> tuple[str, ...] | None:
+def fused_parts(engine_name: str) -> tuple[str, ...] | None:
     layer = LAYER_INDEX.findall(engine_name)[:1]
     parts = FUSIONS.get(LAYER_INDEX.sub("{}", engine_name, count=1))
     return None if parts is None else tuple(p.format(*layer) for p in parts)
