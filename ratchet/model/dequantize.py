@@ -84,8 +84,9 @@ def _q4_k(blocks: torch.Tensor, out: torch.Tensor) -> None:
     mins = torch.cat([m & 0x3F, (m_d >> 4) | ((m >> 2) & 0x30)], dim=1)
     scale = (_f16(blocks, 0) * sc.float()).unsqueeze(-1)  # [n, 8, 1]
     offset = (_f16(blocks, 2) * mins.float()).unsqueeze(-1)
-    q = _nibbles(blocks[:, 16:144], 4)  # [n, 8, 32]
-    torch.sub(scale * q, offset, out=out.view(n, 8, 32))
+    out = out.view(n, 8, 32)
+    torch.mul(scale, _nibbles(blocks[:, 16:144], 4), out=out)  # then the offset: two roundings, as gguf's
+    out.sub_(offset)
 
 
 def _q6_k(blocks: torch.Tensor, out: torch.Tensor) -> None:
@@ -94,7 +95,7 @@ def _q6_k(blocks: torch.Tensor, out: torch.Tensor) -> None:
     low = low.reshape(n, 8, 32)
     qh = blocks[:, 128:192].reshape(n, 2, 1, 32) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 1, 4, 1)
     high = (qh & 0x03).reshape(n, 8, 32)
-    q = ((low | (high << 4)).to(torch.int16) - 32).reshape(n, 16, 16)
+    q = ((low | (high << 4)).view(torch.int8) - 32).reshape(n, 16, 16)
     scale = (_f16(blocks, 208) * blocks[:, 192:208].view(torch.int8).float()).unsqueeze(-1)  # [n, 16, 1]
     torch.mul(scale, q, out=out.view(n, 16, 16))
 
