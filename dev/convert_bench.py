@@ -13,7 +13,7 @@ import sys
 
 ONE = """
 import tempfile, time
-from ratchet.model.convert_gguf import convert_gguf
+from {module} import convert_gguf
 t = time.perf_counter()
 convert_gguf({path!r}, tempfile.mkdtemp())
 print(time.perf_counter() - t)
@@ -24,13 +24,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("gguf")
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--module", default="ratchet.model.convert_gguf",
+                    help="where convert_gguf comes from: an earlier commit's file, put on PYTHONPATH, "
+                         "to time both in one call")
     args = ap.parse_args()
     times = []
     for _ in range(args.repeat):
-        out = subprocess.run([sys.executable, "-c", ONE.format(path=args.gguf)], capture_output=True,
+        out = subprocess.run([sys.executable, "-c", ONE.format(path=args.gguf, module=args.module)], capture_output=True,
                              text=True, check=True).stdout
         times.append(float(out.strip().splitlines()[-1]))
-    print(json.dumps({"gguf": args.gguf, "seconds": [round(t, 2) for t in times],
+    print(json.dumps({"gguf": args.gguf, "module": args.module, "seconds": [round(t, 2) for t in times],
                       "median_s": round(statistics.median(times), 2)}))
 
 
