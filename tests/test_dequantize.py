@@ -3,7 +3,7 @@ import gguf
 import numpy as np
 import pytest
 
-from ratchet.model.dequantize import dequantize_into
+from ratchet.model.dequantize import dequantize_into, huge_page_arrays
 
 TYPES = [gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q5_0,
          gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q6_K]
@@ -44,3 +44,19 @@ def test_a_byte_count_that_is_not_the_outputs_says_so():
     raw = np.zeros((2, 34), dtype=np.uint8)
     with pytest.raises(ValueError, match="hold 64 values, not 96"):
         dequantize_into(raw, gguf.GGMLQuantizationType.Q8_0, np.empty((3, 32), dtype=np.float32))
+
+
+def test_arrays_of_one_mapping_are_apart_and_writable():
+    arrays = huge_page_arrays({"a": (3, 5), "b": (7,), "c": (2, 2, 2)})
+    assert {k: v.shape for k, v in arrays.items()} == {"a": (3, 5), "b": (7,), "c": (2, 2, 2)}
+    for i, a in enumerate(arrays.values()):
+        a[...] = i
+    assert [float(a.min()) for a in arrays.values()] == [0.0, 1.0, 2.0]
+    assert [float(a.max()) for a in arrays.values()] == [0.0, 1.0, 2.0]
+
+
+def test_a_strided_output_is_refused_not_copied():
+    raw = np.zeros((2, 34), dtype=np.uint8)
+    out = np.empty((32, 4), dtype=np.float32)[:, :2].T  # 64 values, not contiguous
+    with pytest.raises(ValueError, match="not contiguous"):
+        dequantize_into(raw, gguf.GGMLQuantizationType.Q8_0, out)

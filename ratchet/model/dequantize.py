@@ -11,14 +11,13 @@ manifest is unchanged.
 """
 from __future__ import annotations
 
+import contextlib
 import mmap
 import warnings
 
 import gguf
 import numpy as np
 import torch
-
-QK_K = 256
 
 
 def dequantize_into(data: np.ndarray, qtype: gguf.GGMLQuantizationType, out: np.ndarray) -> None:
@@ -27,6 +26,8 @@ def dequantize_into(data: np.ndarray, qtype: gguf.GGMLQuantizationType, out: np.
     if kernel is None:
         out[...] = gguf.quants.dequantize(data, qtype).reshape(out.shape)
         return
+    if not out.flags.c_contiguous:  # its flat view is written, never a copy of it
+        raise ValueError(f"the output of shape {out.shape} is not contiguous")
     block_values, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
     raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
     if raw.size * block_values != out.size * block_bytes:
@@ -44,7 +45,7 @@ def huge_page_arrays(shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray
     which at 4 KiB took most of the dequantisation's time (measured on the CPU machine)."""
     sizes = {name: int(np.prod(shape, dtype=np.int64)) * 4 for name, shape in shapes.items()}
     buffer = mmap.mmap(-1, max(1, sum(-(-n // 64) * 64 for n in sizes.values())))
-    if hasattr(mmap, "MADV_HUGEPAGE"):
+    with contextlib.suppress(AttributeError, OSError):  # not Linux, or no transparent huge pages
         buffer.madvise(mmap.MADV_HUGEPAGE)
     arrays, offset = {}, 0
     for name, shape in shapes.items():
