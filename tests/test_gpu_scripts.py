@@ -124,5 +124,8 @@ def test_the_next_runs_statements_come_from_the_peaks_the_logs_end_with(tmp_path
                                         "gpu_memory_gib.ablate_learning_run=36"]  # the larger job's
     assert run(logs, "--margin", "0", "--extra-gib", "0").stdout.split() == \
         ["gpu_memory_gib.ablate_fix=23", "gpu_memory_gib.ablate_learning_run=32"]
+    assert run(logs, "--margin", "0", "--extra-gib", "0", "--per-job").stdout.split() == \
+        ["gpu_memory_gib.ablate_fix=23", "gpu_memory_gib.ablate_learning_run=32",
+         "gpu_memory_gib.ablate_learning_run-bf16-none=32", "gpu_memory_gib.ablate_learning_run-fp16-none=30"]
     missing = run(tmp_path / "nowhere")
     assert missing.returncode == 2 and "no folder" in missing.stderr
