@@ -27,6 +27,7 @@ from ratchet.model.gguf_file import GGUFFile, read_gguf
 from ratchet.model.gguf_tokenizer import write_tokenizer
 from ratchet.model.io import inline_chat_template
 from ratchet.model.layout import check_weights, expected_shapes
+from ratchet.progress import Progress
 
 # GGUF name -> engine name before fusion; `{}` is the layer index.
 WEIGHT_MAP = {
@@ -114,7 +115,8 @@ def _engine_weights(reader: GGUFFile, cfg: ModelConfig, path: Path) -> dict[str,
     parts = rename({t.name: _Stored(t) for t in reader.tensors}, WEIGHT_MAP, cfg, str(path))
     stored = {name: [parts[p] for p in fused_parts(name) or (name,)] for name in expected_shapes(cfg)}
     weights = huge_page_arrays({name: (sum(s.shape[0] for s in ss), *ss[0].shape[1:]) for name, ss in stored.items()})
-    for name, out in weights.items():
+    progress = Progress("convert_gguf", len(weights), unit="tensor")  # a line at most every 5 s
+    for done, (name, out) in enumerate(weights.items(), 1):
         row = 0
         for s in stored[name]:
             rows = out[row:row + s.shape[0]]
@@ -122,6 +124,7 @@ def _engine_weights(reader: GGUFFile, cfg: ModelConfig, path: Path) -> dict[str,
             if cfg.arch == "llama":
                 rows[...] = _unpermute_llama(s.tensor.name, rows, cfg)
             row += s.shape[0]
+        progress.update(done)
     check_weights(cfg, weights, str(path))
     return weights
 
