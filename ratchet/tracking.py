@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import platform
+import socket
 import subprocess
 import sys
 import time
@@ -200,25 +201,38 @@ WORKER_WAIT_S = 600  # a stage's last writes: SQLite takes well under a second, 
 
 
 class _Worker:
-    """A stage's tracking_worker process: messages in on its stdin, run ids back on a pipe."""
+    """A stage's tracking worker: messages in, run ids back. Forked by the pipeline's
+    tracking_forkserver where one serves this host (MLflow already imported), else a
+    tracking_worker process of its own (messages on its stdin, replies on a pipe)."""
 
     def __init__(self):
-        read_end, write_end = os.pipe()
-        package_root = str(Path(__file__).resolve().parents[1])  # found from any working directory
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            p for p in (os.environ.get("PYTHONPATH"), package_root) if p)}
-        self.proc = subprocess.Popen([sys.executable, "-m", "ratchet.tracking_worker", str(write_end)],
-                                     stdin=subprocess.PIPE, pass_fds=(write_end,), env=env, text=True)
-        os.close(write_end)
-        self.replies = os.fdopen(read_end)
+        from ratchet.tracking_forkserver import connect
+
+        self.proc = None
+        self.sock = connect()
+        if self.sock is not None:
+            self.sock.settimeout(WORKER_WAIT_S)
+            self.messages = self.sock.makefile("w")
+            self.replies = self.sock.makefile("r")
+        else:
+            read_end, write_end = os.pipe()
+            package_root = str(Path(__file__).resolve().parents[1])  # found from any working directory
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+                p for p in (os.environ.get("PYTHONPATH"), package_root) if p)}
+            self.proc = subprocess.Popen([sys.executable, "-m", "ratchet.tracking_worker", str(write_end)],
+                                         stdin=subprocess.PIPE, pass_fds=(write_end,), env=env, text=True)
+            os.close(write_end)
+            self.messages = self.proc.stdin
+            self.replies = os.fdopen(read_end)
         self.ids: dict[str, str] = {}
         self.error: str | None = None
+        self.done = False
 
     def send(self, msg: dict) -> None:
         try:
-            self.proc.stdin.write(json.dumps(msg) + "\n")
-            self.proc.stdin.flush()
-        except (BrokenPipeError, ValueError):  # it has stopped: finish() reads why
+            self.messages.write(json.dumps(msg) + "\n")
+            self.messages.flush()
+        except (BrokenPipeError, ConnectionError, ValueError):  # it has stopped: finish() reads why
             pass
 
     def run_id(self, name: str) -> str | None:
@@ -228,8 +242,10 @@ class _Worker:
 
     def finish(self) -> str | None:
         """Wait for the worker to apply every message; its error, or None."""
-        with contextlib.suppress(BrokenPipeError, ValueError):
-            self.proc.stdin.close()
+        with contextlib.suppress(BrokenPipeError, ConnectionError, ValueError):
+            self.messages.close()
+        if self.sock is not None:
+            return self._finish_socket()
         try:
             code = self.proc.wait(timeout=WORKER_WAIT_S)
         except subprocess.TimeoutExpired:
@@ -243,6 +259,21 @@ class _Worker:
             return self.error or f"its process exited with status {code}"
         return None
 
+    def _finish_socket(self) -> str | None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_WR)  # the worker reads to the end, then says done
+        try:
+            while self._read_reply():
+                pass
+        except TimeoutError:
+            return f"the store did not take the stage's writes within {WORKER_WAIT_S} s"
+        except OSError as e:
+            return self.error or f"its connection failed: {e}"
+        finally:
+            self.replies.close()
+            self.sock.close()
+        return self.error or (None if self.done else "its worker ended before it was done")
+
     def _read_reply(self) -> bool:
         line = self.replies.readline()
         if not line:
@@ -250,9 +281,41 @@ class _Worker:
         reply = json.loads(line)
         if "error" in reply:
             self.error = reply["error"]
+        elif reply.get("done"):
+            self.done = True
         else:
             self.ids[reply["name"]] = reply["run_id"]
         return True
+
+
+def start_forkserver() -> None:
+    """The pipeline's tracking_forkserver (Snakefile onstart), its address exported to the jobs;
+    it ends with this process (its stdin is a pipe from here). RATCHET_TRACKING_FORKSERVER=off:
+    none, each stage starts its own worker (where fork() is unsafe, or to compare)."""
+    import tempfile
+
+    if os.environ.get("RATCHET_TRACKING_FORKSERVER", "on").lower() in ("0", "off", "false", "no"):
+        return
+
+    from ratchet.tracking_forkserver import SOCKET_ENV, address
+
+    path = os.path.join(tempfile.gettempdir(), f"ratchet-tracking-{os.getpid()}.sock")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    package_root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), package_root) if p)}
+    proc = subprocess.Popen([sys.executable, "-m", "ratchet.tracking_forkserver", path], stdin=subprocess.PIPE,
+                            env=env, cwd=os.getcwd())
+    for _ in range(200):  # it binds before its imports: ~0.1 s
+        if os.path.exists(path) or proc.poll() is not None:
+            break
+        time.sleep(0.01)
+    if os.path.exists(path):
+        os.environ[SOCKET_ENV] = address(path)
+        _forkserver.append(proc)  # its stdin stays open as long as this process lives
+
+
+_forkserver: list = []
 
 
 def preload_mlflow() -> None:

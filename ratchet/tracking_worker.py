@@ -3,7 +3,8 @@ cost a stage's process seconds of single-threaded Python before any work (more t
 stages' whole work); this process pays them on another core while the stage runs.
 
 tracking.StageRun sends it one JSON object per line on stdin and reads the run ids it makes
-from a pipe: `python -m ratchet.tracking_worker REPLY_FD`. Every write to the store still goes
+from a pipe: `python -m ratchet.tracking_worker REPLY_FD`; or, in a pipeline, the same over a
+socket to a worker that tracking_forkserver forked with MLflow already imported. Every write to the store still goes
 through the results directory's lock. A stage killed before it says "close" leaves its runs
 RUNNING, as a killed process always did: the next pipeline marks them KILLED."""
 
@@ -143,15 +144,22 @@ def serve(lines, reply) -> None:
         reply.flush()
 
 
-def main(argv: list[str]) -> int:
-    reply = os.fdopen(int(argv[0]), "w")
+def work(lines, reply) -> int:
+    """serve(), then a last line: "done", or the error that stopped it (the stage raises it as
+    one line, after its own work). The exit status."""
     try:
-        serve(sys.stdin, reply)
-    except Exception as e:  # noqa: BLE001 (the stage raises it as one line, after its own work)
+        serve(lines, reply)
+    except Exception as e:  # noqa: BLE001
         reply.write(json.dumps({"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}) + "\n")
         reply.flush()
         return 1
+    reply.write(json.dumps({"done": True}) + "\n")
+    reply.flush()
     return 0
+
+
+def main(argv: list[str]) -> int:
+    return work(sys.stdin, os.fdopen(int(argv[0]), "w"))
 
 
 if __name__ == "__main__":

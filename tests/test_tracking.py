@@ -1,12 +1,14 @@
 """MLflow tracking: parent and child runs, params, tags, stepped metrics, hashed outputs."""
 
 import json
+import os
 import subprocess
 
 import pytest
 
 from ratchet import config as cfgmod
 from ratchet import tracking
+from ratchet.tracking_forkserver import SOCKET_ENV
 
 
 @pytest.fixture
@@ -14,6 +16,22 @@ def cfg(tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.setenv("RATCHET_TRACKING", "on")
     return cfgmod.validate({"results_dir": str(tmp_path / "results")})
+
+
+@pytest.fixture(params=["own process", "forkserver"])
+def transport(request, monkeypatch):
+    """A stage's worker as a process of its own (by hand), or forked by the pipeline's server."""
+    monkeypatch.delenv(SOCKET_ENV, raising=False)
+    if request.param == "own process":
+        yield request.param
+        return
+    tracking.start_forkserver()
+    assert SOCKET_ENV in os.environ
+    yield request.param
+    path = json.loads(os.environ.pop(SOCKET_ENV))["path"]
+    server = tracking._forkserver.pop()
+    server.stdin.close()  # as when Snakemake ends
+    assert server.wait(timeout=60) == 0 and not os.path.exists(path)
 
 
 def git_checkout(where) -> str:
@@ -91,7 +109,8 @@ def test_directory_hash_changes_with_content(tmp_path):
     assert tracking.sha256_of(d) != h1
 
 
-def test_a_store_the_worker_cannot_use_fails_the_stage_at_its_end_with_one_line(cfg, tmp_path, monkeypatch):
+def test_a_store_the_worker_cannot_use_fails_the_stage_at_its_end_with_one_line(cfg, tmp_path, monkeypatch,
+                                                                                 transport):
     """The writes happen in the stage's tracking worker: a store that fails there (no up-front
     check_store, as a stage called directly) fails the stage when it ends, naming the cause and
     the way out; a stage's own error is not masked by it."""
@@ -112,10 +131,11 @@ def test_a_store_the_worker_cannot_use_fails_the_stage_at_its_end_with_one_line(
             raise RuntimeError("stage failed")
 
 
-def test_variants_get_runs_of_their_own_and_ids_on_demand(cfg, tmp_path):
+def test_variants_get_runs_of_their_own_and_ids_on_demand(cfg, tmp_path, transport, capfd):
     from mlflow.tracking import MlflowClient
 
     with tracking.StageRun("ablate", cfg) as run:
+        assert (run._worker.sock is not None) == (transport == "forkserver")
         run.variant("fp16/none", {"lr": 1e-6}).log_metrics({"gap": 0.5}, step=3)
         child_id = run.variant("fp16/none").run_id
         stage_id = run.run_id
@@ -124,3 +144,17 @@ def test_variants_get_runs_of_their_own_and_ids_on_demand(cfg, tmp_path):
     assert child.data.tags["mlflow.parentRunId"] == stage_id and child.data.params["lr"] == "1e-06"
     assert child.data.metrics["gap"] == 0.5 and child.info.status == "FINISHED"
     assert client.get_run(stage_id).info.status == "FINISHED"
+    assert f"MLflow run {stage_id} (ablate)" in capfd.readouterr().out  # the stage's output, forked or not
+
+
+def test_a_stage_without_a_usable_server_starts_its_own_worker(cfg, monkeypatch):
+    """No socket at the address (the server ended), or one of another interpreter or host:
+    the stage's worker is a process of its own, and the run is made all the same."""
+    from ratchet.tracking_forkserver import address
+
+    for where in (address("/nonexistent/ratchet.sock"),
+                  json.dumps({"host": "elsewhere", "python": "x", "path": "/tmp/x.sock"}), "not json"):
+        monkeypatch.setenv(SOCKET_ENV, where)
+        with tracking.StageRun("one", cfg) as run:
+            assert run._worker.sock is None
+            assert run.run_id

@@ -16,7 +16,8 @@ from ratchet.tracking_store import TrackingStoreError, check_store
 from ratchet.paths import RunPaths
 from ratchet.stages import export_to_jobs, gpu_memory_wanted, settings
 from ratchet.stages.registry import stage_jobs
-from ratchet.tracking import PIPELINE_ENV, close_abandoned_pipelines, end_pipeline, preload_mlflow, tracking_uri
+from ratchet.tracking import (PIPELINE_ENV, close_abandoned_pipelines, end_pipeline, preload_mlflow,
+                              start_forkserver, tracking_uri)
 from ratchet.tracking import enabled as tracking_enabled
 
 # Fill defaults and reject unknown keys or wrong types with a message naming the key, before
@@ -130,9 +131,11 @@ def profile_args():
 
 
 onstart:
-    # this process closes the parent run at the end (end_pipeline): MLflow imported meanwhile
+    # this process closes the parent run at the end (end_pipeline): MLflow imported meanwhile;
+    # the jobs' tracking workers are forked by one process that imports it once
     if tracking_enabled():
         preload_mlflow()
+        start_forkserver()
 
 
 onsuccess:

@@ -1,0 +1,117 @@
+"""A warm parent for the stages' tracking workers. Started once per pipeline (the Snakefile's
+onstart), it imports MLflow once and forks a worker for each stage that connects to its
+socket: a stage's writes then start without MLflow's seconds of imports, which every rule paid
+again (the tiny default spent more than a third of its wall time on them on two cores).
+
+The stage sends its stdout and stderr, working directory and environment first, so the forked
+worker writes to the stage's log and tags the stage's machine and code exactly as a worker the
+stage started itself would; then the worker protocol (tracking_worker.serve) runs over the
+socket. A stage that finds no server here (run by hand, on another host of a cluster, under
+another interpreter) starts its own worker process as before. The server ends when its stdin
+closes (the Snakemake process that started it has ended); workers already forked finish.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import sys
+from pathlib import Path
+
+SOCKET_ENV = "RATCHET_TRACKING_SOCKET"
+
+
+def address(path: str) -> str:
+    """The SOCKET_ENV value: the server's host and interpreter with its socket's path, so a
+    stage on another host, or under another Python, does not use it."""
+    return json.dumps({"host": socket.gethostname(), "python": _interpreter(), "path": path})
+
+
+def _interpreter() -> str:
+    """This Python and its environment (two virtualenvs may share one executable)."""
+    return f"{os.path.realpath(sys.executable)}:{sys.prefix}"
+
+
+def connect() -> socket.socket | None:
+    """A connection to this pipeline's server, handed this process's output, directory and
+    environment; None where there is none to use."""
+    try:
+        where = json.loads(os.environ[SOCKET_ENV])
+    except (KeyError, ValueError):
+        return None
+    if where.get("host") != socket.gethostname() or where.get("python") != _interpreter():
+        return None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(where["path"])
+        hello = json.dumps({"cwd": os.getcwd(), "env": dict(os.environ)}).encode()
+        socket.send_fds(sock, [len(hello).to_bytes(8, "little") + hello], [1, 2])
+    except OSError:
+        sock.close()
+        return None
+    return sock
+
+
+def serve_forever(path: str) -> None:
+    """Accept stages on the socket at `path` until stdin closes; a forked worker for each."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)  # before the imports: a stage that connects meanwhile waits in the backlog
+    listener.listen(128)
+    import mlflow.entities  # noqa: F401  (what every forked worker needs, imported once here)
+    import mlflow.tracking  # noqa: F401
+
+    from ratchet import tracking_worker  # noqa: F401
+
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the workers
+    try:
+        while True:
+            ready, _, _ = select.select([listener, sys.stdin], [], [])
+            if sys.stdin in ready and not os.read(sys.stdin.fileno(), 4096):
+                return
+            if listener in ready:
+                conn, _ = listener.accept()
+                if os.fork() == 0:
+                    listener.close()
+                    os._exit(_work(conn))
+                conn.close()
+    finally:
+        listener.close()
+        Path(path).unlink(missing_ok=True)
+
+
+def _work(conn: socket.socket) -> int:
+    """In the forked worker: become the stage's worker, then serve its messages."""
+    from ratchet import tracking_worker
+
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    head, fds, _, _ = socket.recv_fds(conn, 8, 2)
+    size = int.from_bytes(head, "little")
+    hello = b""
+    while len(hello) < size:
+        chunk = conn.recv(size - len(hello))
+        if not chunk:
+            return 1
+        hello += chunk
+    hello = json.loads(hello)
+    for fd, target in zip(fds, (1, 2)):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(hello["cwd"])
+    os.environ.clear()
+    os.environ.update(hello["env"])
+    with conn, conn.makefile("r") as lines, conn.makefile("w") as reply:
+        code = tracking_worker.work(lines, reply)
+    sys.stdout.flush()
+    return code
+
+
+def main(argv: list[str]) -> int:
+    serve_forever(argv[0])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
