@@ -200,16 +200,48 @@ class StageRun:
 WORKER_WAIT_S = 600  # a stage's last writes: SQLite takes well under a second, a dead server its retries
 
 
+SOCKET_ENV = "RATCHET_TRACKING_SOCKET"  # the pipeline's tracking_forkserver, for its jobs
+
+
+def forkserver_address(path: str) -> str:
+    """The SOCKET_ENV value: the server's host and interpreter with its socket's path, so a
+    stage on another host, or under another Python, does not use it."""
+    return json.dumps({"host": socket.gethostname(), "python": _interpreter(), "path": path})
+
+
+def _interpreter() -> str:
+    """This Python and its environment (two virtualenvs may share one executable)."""
+    return f"{os.path.realpath(sys.executable)}:{sys.prefix}"
+
+
+def connect_forkserver() -> socket.socket | None:
+    """A connection to this pipeline's server, handed this process's output, directory and
+    environment; None where there is none to use."""
+    try:
+        where = json.loads(os.environ[SOCKET_ENV])
+    except (KeyError, ValueError):
+        return None
+    if where.get("host") != socket.gethostname() or where.get("python") != _interpreter():
+        return None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(where["path"])
+        hello = json.dumps({"cwd": os.getcwd(), "env": dict(os.environ)}).encode()
+        socket.send_fds(sock, [len(hello).to_bytes(8, "little") + hello], [1, 2])
+    except OSError:
+        sock.close()
+        return None
+    return sock
+
+
 class _Worker:
     """A stage's tracking worker: messages in, run ids back. Forked by the pipeline's
     tracking_forkserver where one serves this host (MLflow already imported), else a
     tracking_worker process of its own (messages on its stdin, replies on a pipe)."""
 
     def __init__(self):
-        from ratchet.tracking_forkserver import connect
-
         self.proc = None
-        self.sock = connect()
+        self.sock = connect_forkserver()
         if self.sock is not None:
             self.sock.settimeout(WORKER_WAIT_S)
             self.messages = self.sock.makefile("w")
@@ -297,8 +329,6 @@ def start_forkserver() -> None:
     if os.environ.get("RATCHET_TRACKING_FORKSERVER", "on").lower() in ("0", "off", "false", "no"):
         return
 
-    from ratchet.tracking_forkserver import SOCKET_ENV, address
-
     path = os.path.join(tempfile.gettempdir(), f"ratchet-tracking-{os.getpid()}.sock")
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
@@ -311,7 +341,7 @@ def start_forkserver() -> None:
             break
         time.sleep(0.01)
     if os.path.exists(path):
-        os.environ[SOCKET_ENV] = address(path)
+        os.environ[SOCKET_ENV] = forkserver_address(path)
         _forkserver.append(proc)  # its stdin stays open as long as this process lives
 
 

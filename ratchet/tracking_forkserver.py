@@ -6,8 +6,8 @@ again (the tiny default spent more than a third of its wall time on them on two 
 The stage sends its stdout and stderr, working directory and environment first, so the forked
 worker writes to the stage's log and tags the stage's machine and code exactly as a worker the
 stage started itself would; then the worker protocol (tracking_worker.serve) runs over the
-socket. A stage that finds no server here (run by hand, on another host of a cluster, under
-another interpreter) starts its own worker process as before. The server ends when its stdin
+socket (tracking.connect_forkserver). A stage that finds no server here (run by hand, on another
+host of a cluster, under another interpreter) starts its own worker process as before. The server ends when its stdin
 closes (the Snakemake process that started it has ended); workers already forked finish.
 """
 
@@ -20,40 +20,6 @@ import signal
 import socket
 import sys
 from pathlib import Path
-
-SOCKET_ENV = "RATCHET_TRACKING_SOCKET"
-
-
-def address(path: str) -> str:
-    """The SOCKET_ENV value: the server's host and interpreter with its socket's path, so a
-    stage on another host, or under another Python, does not use it."""
-    return json.dumps({"host": socket.gethostname(), "python": _interpreter(), "path": path})
-
-
-def _interpreter() -> str:
-    """This Python and its environment (two virtualenvs may share one executable)."""
-    return f"{os.path.realpath(sys.executable)}:{sys.prefix}"
-
-
-def connect() -> socket.socket | None:
-    """A connection to this pipeline's server, handed this process's output, directory and
-    environment; None where there is none to use."""
-    try:
-        where = json.loads(os.environ[SOCKET_ENV])
-    except (KeyError, ValueError):
-        return None
-    if where.get("host") != socket.gethostname() or where.get("python") != _interpreter():
-        return None
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.connect(where["path"])
-        hello = json.dumps({"cwd": os.getcwd(), "env": dict(os.environ)}).encode()
-        socket.send_fds(sock, [len(hello).to_bytes(8, "little") + hello], [1, 2])
-    except OSError:
-        sock.close()
-        return None
-    return sock
-
 
 def serve_forever(path: str) -> None:
     """Accept stages on the socket at `path` until stdin closes; a forked worker for each."""

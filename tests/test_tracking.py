@@ -8,7 +8,7 @@ import pytest
 
 from ratchet import config as cfgmod
 from ratchet import tracking
-from ratchet.tracking_forkserver import SOCKET_ENV
+from ratchet.tracking import SOCKET_ENV
 
 
 @pytest.fixture
@@ -150,9 +150,7 @@ def test_variants_get_runs_of_their_own_and_ids_on_demand(cfg, tmp_path, transpo
 def test_a_stage_without_a_usable_server_starts_its_own_worker(cfg, monkeypatch):
     """No socket at the address (the server ended), or one of another interpreter or host:
     the stage's worker is a process of its own, and the run is made all the same."""
-    from ratchet.tracking_forkserver import address
-
-    for where in (address("/nonexistent/ratchet.sock"),
+    for where in (tracking.forkserver_address("/nonexistent/ratchet.sock"),
                   json.dumps({"host": "elsewhere", "python": "x", "path": "/tmp/x.sock"}), "not json"):
         monkeypatch.setenv(SOCKET_ENV, where)
         with tracking.StageRun("one", cfg) as run:
