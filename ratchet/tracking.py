@@ -348,13 +348,25 @@ def start_forkserver() -> None:
 _forkserver: list = []
 
 
+def import_sql_store() -> None:
+    """Import MLflow's client and its SQL store (SQLAlchemy, alembic, the table models), which
+    MlflowClient imports only when it first opens a sqlite:// or database store: two thirds of
+    a forked tracking worker's start when each imported it again. Without SQLAlchemy (a store
+    of another kind; check_store names what a sqlite:// one lacks) the client alone."""
+    import mlflow.tracking  # noqa: F401
+
+    try:
+        import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
+    except ImportError:
+        pass
+
+
 def preload_mlflow() -> None:
-    """Import MLflow's client on a daemon thread: for a process that will need it later and
+    """import_sql_store on a daemon thread: for a process that will need MLflow later and
     idles until then (Snakemake's, which closes the parent run when the last job is done)."""
-    import importlib
     import threading
 
-    threading.Thread(target=importlib.import_module, args=("mlflow.tracking",), daemon=True).start()
+    threading.Thread(target=import_sql_store, daemon=True).start()
 
 
 def end_pipeline(results_dir: str | Path, status: str) -> None:

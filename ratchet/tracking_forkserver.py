@@ -1,7 +1,8 @@
 """A warm parent for the stages' tracking workers. Started once per pipeline (the Snakefile's
-onstart), it imports MLflow once and forks a worker for each stage that connects to its
-socket: a stage's writes then start without MLflow's seconds of imports, which every rule paid
-again (the tiny default spent more than a third of its wall time on them on two cores).
+onstart), it imports MLflow and its SQL store once and forks a worker for each stage that
+connects to its socket: a stage's writes then start without MLflow's seconds of imports, which
+every rule paid again (the tiny default spent more than a third of its wall time on them on
+two cores).
 
 The stage sends its stdout and stderr, working directory and environment first, so the forked
 worker writes to the stage's log and tags the stage's machine and code exactly as a worker the
@@ -30,7 +31,9 @@ def serve_forever(path: str) -> None:
     import mlflow.tracking  # noqa: F401
 
     from ratchet import tracking_worker  # noqa: F401
+    from ratchet.tracking import import_sql_store
 
+    import_sql_store()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the workers
     try:
         while True:

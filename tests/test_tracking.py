@@ -156,3 +156,32 @@ def test_a_stage_without_a_usable_server_starts_its_own_worker(cfg, monkeypatch)
         with tracking.StageRun("one", cfg) as run:
             assert run._worker.sock is None
             assert run.run_id
+
+
+SQL_STORE = "mlflow.store.tracking.sqlalchemy_store"
+
+
+@pytest.mark.parametrize("sqlalchemy", ["installed", "missing"])
+def test_import_sql_store_imports_the_store_a_worker_opens_or_the_client_alone(sqlalchemy):
+    """What the forkserver (and Snakemake's process) import once so that no forked worker
+    imports MLflow's SQL store again; without SQLAlchemy the client still comes, no error."""
+    hide = "import sys; sys.modules['sqlalchemy'] = None; " if sqlalchemy == "missing" else ""
+    code = (f"{hide}import sys; from ratchet.tracking import import_sql_store; import_sql_store(); "
+            f"print('mlflow.tracking' in sys.modules, '{SQL_STORE}' in sys.modules)")
+    out = subprocess.run([os.sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["True", "True" if sqlalchemy == "installed" else "False"]
+
+
+@pytest.mark.parametrize("transport", ["forkserver"], indirect=True)
+def test_the_forkserver_holds_the_sql_store_before_it_forks_a_worker(cfg, transport):
+    """The server's own memory maps SQLAlchemy's compiled extensions once a worker has been
+    served (the server imports before it accepts): the forked workers inherit them."""
+    import sqlalchemy
+
+    ext = os.path.join(os.path.dirname(sqlalchemy.__file__), "cyextension")
+    if not os.path.isdir(ext) or not os.path.exists("/proc/self/maps"):
+        pytest.skip("needs SQLAlchemy's compiled extensions and /proc")
+    with tracking.StageRun("one", cfg) as run:
+        assert run.run_id
+    maps = open(f"/proc/{tracking._forkserver[-1].pid}/maps").read()
+    assert ext in maps
