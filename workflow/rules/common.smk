@@ -6,6 +6,7 @@ from shlex import quote as shlex_quote
 from shlex import split as shlex_split
 
 from snakemake.settings.types import DeploymentMethod
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 import ratchet.config
@@ -55,6 +56,17 @@ def gpu_mem_gib(stage, wildcards=None):
 def job_gpu_mem_gib(stage):
     """gpu_mem_gib of each job of a rule with wildcards, as Snakemake asks for it."""
     return lambda wildcards: gpu_mem_gib(stage, wildcards)
+
+
+def all_cores_but_one():
+    """The threads of a CPU-bound rule alone on the critical path (convert_weights): Snakemake
+    sets OMP_NUM_THREADS to a rule's threads, 1 unless stated, so torch's elementwise kernels
+    ran on one core of sixteen; one core is left for the rule beside it (download_data). 1 where
+    no core count is given (a cluster executor without --cores)."""
+    try:
+        return max(1, int(workflow.cores) - 1)
+    except WorkflowError:  # no --cores
+        return 1
 
 # The stages read the whole validated config from the environment the jobs inherit, and all
 # jobs of this invocation share one MLflow parent run. Each rule names the config sections it

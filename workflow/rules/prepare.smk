@@ -48,6 +48,7 @@ rule convert_weights:
         manifest=P.manifest,
     params:
         settings=stage_settings("convert_weights"),
+    threads: all_cores_but_one()
     conda:
         "../envs/ratchet.yaml"
     log:
