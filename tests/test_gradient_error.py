@@ -340,3 +340,34 @@ def test_the_ablations_token_budget_cuts_their_passes_and_only_reorders_the_sums
     assert len(passes) == 2  # one cut a gradient
     assert len(passes[0]) < len(passes[1]) == sum(map(len, passes[0])) and all(len(p) == 1 for p in passes[1])
     assert compare_gradients(one_each, whole)["rel_diff"] < 1e-5
+
+
+def _compare_gradients_out_of_place(grads, ref):
+    """compare_gradients as it was written before its difference went in place (four float64
+    temporaries a parameter): the reference its bits are checked against."""
+    dot = sq = ref_sq = diff_sq = 0.0
+    for g, r in zip(grads, ref):
+        g64, r64 = g.detach().double().flatten(), r.detach().double().flatten()
+        dot += float(torch.dot(g64, r64))
+        sq += float(torch.dot(g64, g64))
+        ref_sq += float(torch.dot(r64, r64))
+        diff_sq += float(torch.sum((g64 - r64) ** 2))
+    return dot, sq, ref_sq, diff_sq
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_compare_gradients_in_place_gives_the_bits_of_the_four_temporaries_and_leaves_its_inputs(dtype):
+    gen = torch.Generator().manual_seed(0)
+    shapes = [(257, 33), (1000,), (3, 5, 7)]
+    grads = [torch.randn(s, generator=gen, dtype=dtype) for s in shapes]
+    ref = [g + 1e-3 * torch.randn(g.shape, generator=gen, dtype=dtype) for g in grads]
+    ref[0] = ref[0].t().contiguous().t()  # a view across its storage: flatten copies it
+    before = [g.clone() for g in grads], [r.clone() for r in ref]
+    got = compare_gradients(grads, ref)
+    dot, sq, ref_sq, diff_sq = _compare_gradients_out_of_place(grads, ref)
+    assert got["rel_diff"] == math.sqrt(diff_sq / ref_sq) and got["norm"] == math.sqrt(sq)
+    assert got["ref_norm"] == math.sqrt(ref_sq) and got["cosine"] == max(-1.0, min(1.0, dot / math.sqrt(sq * ref_sq)))
+    assert all(torch.equal(a, b) for a, b in zip(grads, before[0]))
+    assert all(torch.equal(a, b) for a, b in zip(ref, before[1]))
+    same = compare_gradients(grads, grads)  # the reference against itself: one list twice
+    assert same["rel_diff"] == 0.0 and all(torch.equal(a, b) for a, b in zip(grads, before[0]))
