@@ -60,16 +60,19 @@ def oom_message(stage: str, cfg: dict, exc: BaseException, jobs: list | None = N
     return line
 
 
-def gpu_memory_shortfall(cfg: dict, totals: dict[str, float]) -> str | None:
+def gpu_memory_shortfall(cfg: dict, totals: dict[str, float], stages: set[str] | None = None) -> str | None:
     """A warning where the profile states more GPU memory for some GPU rules (gpu_memory_gib, a
     measured peak with a few GiB to spare) than the largest GPU here has; None where all fit or
-    nothing is known. A warning, not an error: the statements may predate smaller settings."""
+    nothing is known. A warning, not an error: the statements may predate smaller settings.
+    `stages`: the rules this invocation runs, where known, so that a rule run only on demand
+    (ablate_decompose_vllm) is not named to a user who did not ask for it."""
     if not totals:
         return None
     largest = max(totals.values())
-    over = {s: gib for s in GPU_STAGES if (gib := gpu_memory_wanted(s, cfg)) > largest}
+    runs = GPU_STAGES if stages is None else [s for s in GPU_STAGES if s in stages]
+    over = {s: gib for s in runs if (gib := gpu_memory_wanted(s, cfg)) > largest}
     over |= {label: float(gib) for label, gib in (cfg.get("gpu_memory_gib") or {}).items()  # a job's own
-             if label.split("-")[0] in GPU_STAGES and "-" in label and gib is not None and gib > largest}
+             if label.split("-")[0] in runs and "-" in label and gib is not None and gib > largest}
     if not over:
         return None
     knobs = sorted({memory_knobs(s.split("-")[0])[0] for s in over})
@@ -79,7 +82,7 @@ def gpu_memory_shortfall(cfg: dict, totals: dict[str, float]) -> str | None:
             f"Lower {' or '.join(knobs)} (then gpu_memory_gib), or use a larger GPU")
 
 
-def check_gpu_memory(cfg: dict, backend: str) -> str | None:
+def check_gpu_memory(cfg: dict, backend: str, stages: set[str] | None = None) -> str | None:
     """gpu_memory_shortfall on this machine's visible GPUs, for a profile that runs on them."""
     if backend not in ("cuda", "vllm"):
         return None
@@ -87,4 +90,4 @@ def check_gpu_memory(cfg: dict, backend: str) -> str | None:
     from ratchet.gpu_memory import gpu_totals_gib
 
     gpus = visible_gpus()
-    return gpu_memory_shortfall(cfg, gpu_totals_gib(gpus) if gpus else {})
+    return gpu_memory_shortfall(cfg, gpu_totals_gib(gpus) if gpus else {}, stages)

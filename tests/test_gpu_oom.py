@@ -103,4 +103,13 @@ def test_a_gpu_smaller_than_the_stated_peaks_is_said_at_the_start():
     assert gpu_memory_shortfall(cfg, {}) is None  # nothing known (no nvidia-smi)
     assert gpu_memory_shortfall(config_mod.load(ROOT / "config" / "config.yaml"), {"0": 8.0}) is None  # none stated
     assert check_gpu_memory(cfg, "numpy") is None  # a CPU run: no GPU to compare
+    # the rules this run starts, where known: an on-demand rule not among them is not named
+    ran = {"train_colocated", "train_split", "ablate_decompose", "ablate_fix_run", "eval_baseline"}
+    said = gpu_memory_shortfall(cfg, {"0": 79.6}, ran)
+    assert said is None  # the H100 80GB: every rule of `all` fits; ablate_decompose_vllm (80) is not run
+    assert "ablate_decompose_vllm 80" in gpu_memory_shortfall(cfg, {"0": 79.6})  # all rules: it is
+    assert "ablate_decompose_vllm" in gpu_memory_shortfall(cfg, {"0": 79.6}, ran | {"ablate_decompose_vllm"})
+    said = gpu_memory_shortfall(one_job, {"0": 139.8}, ran)
+    assert "ablate_fix_run-exact 150" in said  # a job's own statement, by its rule
+    assert gpu_memory_shortfall(one_job, {"0": 139.8}, ran - {"ablate_fix_run"}) is None
 

@@ -74,11 +74,6 @@ def all_cores_but_one():
 MAIN = workflow.is_main_process and not workflow.dryrun
 export_to_jobs(config, main_process=MAIN)
 
-# A GPU smaller than some rules' stated peaks: said once, at the start, not after the first of
-# them has run out of memory (each such rule still runs, alone on its GPU)
-if workflow.is_main_process and (shortfall := check_gpu_memory(config, BACKEND)):
-    print(f"ratchet: warning: {shortfall}", file=sys.stderr)
-
 # The tracking store answers within seconds or the pipeline stops here with one line; parent
 # runs of earlier invocations that were killed (and their RUNNING rules) are marked KILLED.
 if MAIN and tracking_enabled():
@@ -142,7 +137,20 @@ def profile_args():
     return "".join(f" --configfile {shlex_quote(str(f))}" for f in workflow.overwrite_configfiles)
 
 
+def rules_to_run():
+    """The rules of the jobs this invocation runs (Snakemake's DAG, built by onstart's time);
+    None where it cannot be read, so the check below covers every rule instead."""
+    try:
+        return {job.rule.name for job in workflow.dag.needrun_jobs()}
+    except AttributeError:  # a Snakemake without this DAG API: the check is a warning, never a stop
+        return None
+
+
 onstart:
+    # A GPU smaller than the stated peaks of rules this run will start: said once, before the
+    # first of them runs out of memory (each such rule still runs, alone on its GPU)
+    if shortfall := check_gpu_memory(config, BACKEND, rules_to_run()):
+        print(f"ratchet: warning: {shortfall}", file=sys.stderr)
     # this process closes the parent run at the end (end_pipeline): MLflow imported meanwhile;
     # the jobs' tracking workers are forked by one process that imports it once
     if tracking_enabled():
