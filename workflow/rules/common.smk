@@ -59,7 +59,7 @@ def job_gpu_mem_gib(stage):
 
 
 def all_cores_but_one():
-    """The threads of a CPU-bound rule alone on the critical path (convert_weights): Snakemake
+    """The threads of convert_weights, CPU-bound and alone on the critical path. Snakemake
     sets OMP_NUM_THREADS to a rule's threads, 1 unless stated, so torch's elementwise kernels
     ran on one core of sixteen; one core is left for the rule beside it (download_data). 1 where
     no core count is given (a cluster executor without --cores)."""
