@@ -28,12 +28,11 @@ def serve_forever(path: str) -> None:
     listener.bind(path)  # before the imports: a stage that connects meanwhile waits in the backlog
     listener.listen(128)
     import mlflow.entities  # noqa: F401  (what every forked worker needs, imported once here)
-    import mlflow.tracking  # noqa: F401
 
     from ratchet import tracking_worker  # noqa: F401
     from ratchet.tracking import import_sql_store
 
-    import_sql_store()
+    import_sql_store()  # mlflow.tracking and its SQL store
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the workers
     try:
         while True:
