@@ -3,23 +3,15 @@ rule's threads (1 unless stated): it asks for every core but one, and one where 
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
+from snakemake_run import run_snakemake
 
 
 def _dry_run_threads(workdir: Path, cores: str) -> int:
-    env = {k: v for k, v in os.environ.items() if k not in ("RATCHET_CONFIG_JSON", "RATCHET_PIPELINE_ID")}
-    env["RATCHET_TRACKING"] = "off"
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"),
-                           "--directory", str(workdir), "--cores", cores, "-n", "--", "convert_weights"],
-                          capture_output=True, text=True, env=env, timeout=600)
+    proc = run_snakemake(workdir, "-n", "--", "convert_weights", cores=cores)
     assert proc.returncode == 0, proc.stderr[-2000:]
     job = (proc.stdout + proc.stderr).split("rule convert_weights:", 1)[1].split("\n\n", 1)[0]
     found = re.search(r"threads: (\d+)", job)

@@ -3,16 +3,10 @@ rule quotes its paths, and a results dir with a space works."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+from snakemake_run import run_snakemake
 
 from ratchet.config import ConfigError, validate
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("key", ["results_dir", "run_name"])
@@ -28,31 +22,23 @@ def test_ordinary_names_pass():
     assert cfg["results_dir"] == "/tmp/my results/run-1.2"
 
 
-def _snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("RATCHET_CONFIG_JSON", "RATCHET_PIPELINE_ID")}
-    env["RATCHET_TRACKING"] = "off"
-    return subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"),
-                           "--directory", str(workdir), "--cores", "1", *args],
-                          capture_output=True, text=True, env=env, timeout=600)
-
-
 def test_injection_through_snakemake_config_runs_nothing(tmp_path):
     marker = tmp_path / "PWNED"
-    proc = _snakemake(tmp_path, "--config", f"results_dir=x;touch {marker};y", "--", "download_model")
+    proc = run_snakemake(tmp_path, "--config", f"results_dir=x;touch {marker};y", "--", "download_model")
     assert proc.returncode != 0
     assert "results_dir" in proc.stdout + proc.stderr
     assert not marker.exists()
 
 
 def test_rule_shells_quote_the_log_path(tmp_path):
-    proc = _snakemake(tmp_path, "-n", "-p", "--config", "results_dir=my results", "--", "download_model")
+    proc = run_snakemake(tmp_path, "-n", "-p", "--config", "results_dir=my results", "--", "download_model")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "> 'my results/tiny/logs/download_model.log'" in proc.stdout + proc.stderr
 
 
 @pytest.mark.slow
 def test_a_results_dir_with_a_space_runs_a_rule(tmp_path):
-    proc = _snakemake(tmp_path, "--config", "results_dir=my results", "--", "download_model")
+    proc = run_snakemake(tmp_path, "--config", "results_dir=my results", "--", "download_model")
     assert proc.returncode == 0, proc.stderr[-2000:]
     run = tmp_path / "my results" / "tiny"
     assert (run / "source" / "source.json").is_file()
@@ -72,7 +58,7 @@ def test_a_bad_data_file_shows_its_one_line_error_on_the_console(tmp_path):
     bad.write_text("".join(__import__("json").dumps(r) + "\n" for r in rows))
     good = tmp_path / "test.jsonl"
     good.write_text('{"question": "q", "answer": "a\\n#### 1"}\n')
-    proc = _snakemake(tmp_path, "--config", "set=" + " ".join([
+    proc = run_snakemake(tmp_path, "--config", "set=" + " ".join([
         "run_name=bad", "model.source=local", f"model.path={model}", "data.source=local",
         f"data.train_path={bad}", f"data.test_path={good}"]), "--", "download_data")
     assert proc.returncode != 0
