@@ -52,8 +52,12 @@ run)
   pgrep -f '^[^ ]*nvidia-cuda-mps-control' > /dev/null && echo true > "$state/mps" || echo false > "$state/mps"
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 1000 > "$state/gpu_mem_mib.txt" &
   sampler=$!
+  # and how busy the GPU was each second (the share of the last sample period a kernel ran): where
+  # the profile leaves the GPU idle, its wall is not its GPU work
+  nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 1000 > "$state/gpu_util_pct.txt" &
+  util_sampler=$!
   run_timed "$state" python3 -m snakemake "${args[@]}"
-  kill "$sampler"
+  kill "$sampler" "$util_sampler"
   ;;
 wait)
   wait_done "$state" || exit 3
@@ -73,6 +77,7 @@ collect)
     --command "$command" --config "config/$profile.yaml" --set "${overrides[@]}" --gpu-samples "$state/gpu_mem_mib.txt" \
     --snakemake-log "$state/snakemake.log" "${mps[@]}"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/h200-$profile/nvidia-smi.txt"
+  [ -f "$state/gpu_util_pct.txt" ] && cp "$state/gpu_util_pct.txt" "$OUT/h200-$profile/"
   tar czf "$OUT/h200-$profile.tgz" -C "$OUT" "h200-$profile" && rm -rf "$OUT/h200-$profile"
   ;;
 esac
