@@ -191,9 +191,23 @@ def peak_from_samples(path: Path) -> float | None:
     return max(values) if values else None
 
 
+def utilization_summary(path: Path, idle_below_pct: float = 5.0) -> dict | None:
+    """nvidia-smi's utilization.gpu samples (percent, one a second): their mean, and the seconds
+    in which no kernel ran for most of the sample (below `idle_below_pct`), where the profile's
+    wall is not GPU work."""
+    if not path.is_file():
+        return None
+    values = [float(v) for v in path.read_text().split() if v.replace(".", "", 1).isdigit()]
+    if not values:
+        return None
+    return {"samples": len(values), "mean_pct": sum(values) / len(values),
+            "idle_s": sum(v < idle_below_pct for v in values), "idle_below_pct": idle_below_pct}
+
+
 def collect(run: Path, out: Path, wall_s: float | None = None, command: str = "",
             config: dict | None = None, gpu_samples: Path | None = None, note: str = "",
-            extra: dict | None = None, snakemake_log: Path | None = None) -> dict:
+            extra: dict | None = None, snakemake_log: Path | None = None,
+            gpu_util: Path | None = None) -> dict:
     """Write the record of `run` to `out` (a fresh folder: written beside it, then renamed)."""
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -215,6 +229,9 @@ def collect(run: Path, out: Path, wall_s: float | None = None, command: str = ""
         summary["record_note"] = note
     if gpu_samples is not None and gpu_samples.is_file():  # the memory timeline, one sample a second
         shutil.copy2(gpu_samples, tmp / "gpu_memory_used_mib.txt")
+    if gpu_util is not None and gpu_util.is_file():  # how busy the GPU was, one sample a second
+        summary["gpu_utilization"] = utilization_summary(gpu_util)
+        shutil.copy2(gpu_util, tmp / "gpu_utilization_pct.txt")
     if config is not None:
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     (tmp / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -239,6 +256,8 @@ def main(argv=None) -> None:
                         help="the run's Snakemake log: each job's start and end, and the GPU phase")
     parser.add_argument("--gpu-samples", type=Path, default=None,
                         help="nvidia-smi memory.used samples (MiB per line) taken during the run")
+    parser.add_argument("--gpu-util", type=Path, default=None,
+                        help="nvidia-smi utilization.gpu samples (percent per line) taken during the run")
     args = parser.parse_args(argv)
     if not args.run.is_dir():
         parser.error(f"--run {args.run}: no such run folder")
@@ -248,7 +267,7 @@ def main(argv=None) -> None:
 
         config = config_mod.load(args.config, args.set)
     summary = collect(args.run, args.out, args.wall_s, args.command, config, args.gpu_samples, args.note,
-                      args.extra, args.snakemake_log)
+                      args.extra, args.snakemake_log, args.gpu_util)
     print(json.dumps({k: v for k, v in summary.items() if not isinstance(v, dict)}, indent=2))
 
 

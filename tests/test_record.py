@@ -161,3 +161,17 @@ def test_the_record_says_when_each_job_ran_and_the_gpu_phase(tmp_path, monkeypat
     assert summary["timeline_s"]["report"] == [221.0, 231.0]
     assert summary["gpu_phase_s"] == {"start": 45.0, "end": 211.0, "seconds": 166.0}
     assert (out / "snakemake.log").read_text() == SNAKEMAKE_LOG
+
+
+def test_collect_summarises_the_gpu_utilization(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RATCHET_COMMIT", raising=False)
+    run, out = tmp_path / "results" / "local", tmp_path / "records" / "h200-local"
+    fake_run(run)
+    util = tmp_path / "util.txt"
+    util.write_text("0\n3\n100\n97\n\n50\n")  # two idle seconds of five; a blank line is no sample
+    summary = collect(run, out, gpu_util=util)
+    assert summary["gpu_utilization"] == {"samples": 5, "mean_pct": 50.0, "idle_s": 2, "idle_below_pct": 5.0}
+    assert (out / "gpu_utilization_pct.txt").read_text() == util.read_text()
+    saved = json.loads((out / "summary.json").read_text())
+    assert saved["gpu_utilization"]["idle_s"] == 2

@@ -75,9 +75,9 @@ collect)
   overrides=(); [ -n "${PIPELINE_SET:-}" ] && read -ra overrides <<< "$PIPELINE_SET"
   python3 -m dev.record --run "results/$profile" --out "$OUT/h200-$profile" "${wall[@]}" \
     --command "$command" --config "config/$profile.yaml" --set "${overrides[@]}" --gpu-samples "$state/gpu_mem_mib.txt" \
+    --gpu-util "$state/gpu_util_pct.txt" \
     --snakemake-log "$state/snakemake.log" "${mps[@]}"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/h200-$profile/nvidia-smi.txt"
-  [ -f "$state/gpu_util_pct.txt" ] && cp "$state/gpu_util_pct.txt" "$OUT/h200-$profile/"
   tar czf "$OUT/h200-$profile.tgz" -C "$OUT" "h200-$profile" && rm -rf "$OUT/h200-$profile"
   ;;
 esac
