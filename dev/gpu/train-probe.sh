@@ -13,7 +13,7 @@ sampler=$!
 trap 'kill $sampler 2>/dev/null' EXIT  # else the sampler holds the call open to its time limit
 config=${CONFIG:-config/local.yaml}
 read -ra extra <<< "${SET:-}"
-for s in download_model download_data convert_weights; do
+for s in download_model download_data convert_weights build_engine; do
   python3 -m ratchet "$s" --config "$config" > "$OUT/$s.log" 2>&1 || { tail -30 "$OUT/$s.log"; exit 1; }
 done
 python3 -m ratchet train_colocated --config "$config" "train.steps=${STEPS:-6}" \
