@@ -23,12 +23,15 @@ def _rounded(w: torch.Tensor, dtype: str) -> torch.Tensor:
 
 def _count(weights: Mapping, test) -> tuple[int, int]:
     """Counted where the weights live (on the GPU for a GPU trainer: 0.5B parameters a few
-    times per update would take tens of seconds in NumPy)."""
-    hits = total = 0
+    times per update would take tens of seconds in NumPy), the tensors' counts summed there
+    and read once: a read a tensor waits for the GPU ~300 times a count, and on a GPU shared
+    with other jobs each wait is long."""
+    hits, total = None, 0
     for name, w in weights.items():
-        hits += int(torch.count_nonzero(test(name, _tensor(w))))
+        found = torch.count_nonzero(test(name, _tensor(w)))
+        hits = found if hits is None else hits + found
         total += int(w.numel() if isinstance(w, torch.Tensor) else w.size)
-    return hits, total
+    return (0 if hits is None else int(hits)), total
 
 
 def changed_share(before: Mapping, after: Mapping, dtype: str) -> float:
