@@ -46,12 +46,18 @@ start)
   [ -f "$plan" ] || { echo "no plan file $plan"; exit 1; }
   inputs_in_place || exit 1
   export RATCHET_TRACKING=${RATCHET_TRACKING:-off}
+  # a plan started again: stop the earlier runner and its step first (setsid made it a process group
+  # leader), else it goes on writing its steps' lines and its "done" into the new plan's state
+  if [ -f "$state/runner.pid" ] && kill -0 "$(cat "$state/runner.pid")" 2>/dev/null; then
+    kill -- "-$(cat "$state/runner.pid")" 2>/dev/null; sleep 2
+  fi
   rm -rf "$state" && mkdir -p "$state/repo" "$state/shared/data" && cp "$plan" "$state/plan.txt"
   cp -a . "$state/repo/" && ln -sfn /root/data/gsm8k "$state/shared/data/gsm8k"  # ../shared from the copy
   (cd "$state/repo" && PLAN_STATE=$state setsid nohup bash dev/gpu/plan.sh run > "$state/run.log" 2>&1 < /dev/null &)
   sleep "${START_WAIT_S:-10}"; tail -n 3 "$state/plan.log" 2>/dev/null || echo "[plan] started"
   ;;
 run)
+  echo $$ > "$state/runner.pid"
   n=$(steps | wc -l) i=0
   while IFS= read -r line; do
     i=$((i + 1)) && out="$state/out/step$i" && mkdir -p "$out"
