@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from snakemake_run import clean_env, run_snakemake
 
 from ratchet import cli
 from ratchet.config import ConfigError, load, validate
@@ -20,8 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RATCHET_", "MLFLOW_"))}
-    return {**env, "RATCHET_TRACKING": "off", **extra}
+    return clean_env(**{"RATCHET_TRACKING": "off", **extra})
 
 
 def test_no_arguments_prints_the_stages_not_an_error(capsys):
@@ -57,9 +57,7 @@ def test_nested_values_from_snakemake_are_coerced_by_the_schema():
 
 def _snakemake_config(workdir: Path, *args: str) -> dict:
     """The config a Snakemake invocation resolves, as its first job sees it."""
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"),
-                           "--directory", str(workdir), "--cores", "1", *args, "--", "resolved_config"],
-                          capture_output=True, text=True, env=_env(), timeout=300)
+    proc = run_snakemake(workdir, *args, "--", "resolved_config", env=_env(), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = next(p for p in (workdir / "results").iterdir() if (p / "config.json").is_file())  # not .pipelines
     return json.loads((run / "config.json").read_text())

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from snakemake_run import snakemake_command
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
@@ -23,8 +24,7 @@ def start_snakemake(workdir: Path, *args: str, tracking: str = "on") -> subproce
     env = {k: v for k, v in os.environ.items()
            if k not in ("MLFLOW_TRACKING_URI", "RATCHET_PIPELINE_ID", "RATCHET_CONFIG_JSON")}
     env["RATCHET_TRACKING"] = tracking
-    cmd = [*SNAKEMAKE, "--snakefile", str(ROOT / "Snakefile"), "--directory", str(workdir),
-           "--configfile", str(ROOT / "config" / "config.yaml"), "--cores", "2", *args]
+    cmd = snakemake_command(workdir, "--configfile", str(ROOT / "config" / "config.yaml"), *args, cores="2")
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 

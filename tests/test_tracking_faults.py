@@ -4,26 +4,22 @@ next time a pipeline starts."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from snakemake_run import clean_env, run_snakemake
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RATCHET_", "MLFLOW_"))}
-    return {**env, **extra}
+_env = clean_env
 
 
 def _snakemake(workdir: Path, env: dict, *targets: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"),
-                           "--directory", str(workdir), "--cores", "1", "--", *targets],
-                          capture_output=True, text=True, env=env, timeout=300)
+    return run_snakemake(workdir, "--", *targets, env=env, timeout=300)
 
 
 def _stage(workdir: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
