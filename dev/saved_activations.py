@@ -73,7 +73,8 @@ def predict(coef: dict[str, float], layers: int, tokens: int) -> float:
 
 
 def main(argv=None) -> None:
-    from ratchet.model.convert_gguf import _open, read_gguf_config
+    from ratchet.model.convert_gguf import read_gguf_config
+    from ratchet.model.gguf_file import read_gguf
     from ratchet.model.io import load_engine_model
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -84,7 +85,7 @@ def main(argv=None) -> None:
     ap.add_argument("--compute-dtype", default="fp16", choices=("fp32", "fp16", "bf16"))
     ap.add_argument("--attention", default="causal", choices=("causal", "mask"))
     args = ap.parse_args(argv)
-    cfg = read_gguf_config(_open(args.gguf), args.gguf) if args.gguf else load_engine_model(args.model).cfg
+    cfg = read_gguf_config(read_gguf(args.gguf), args.gguf) if args.gguf else load_engine_model(args.model).cfg
     gib = 2.0 ** 30
     out = {"layers": cfg.num_layers, "hidden": cfg.hidden_size, "compute_dtype": args.compute_dtype,
            "attention": args.attention, "saved_gib": {}}
