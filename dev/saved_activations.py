@@ -15,8 +15,10 @@ a planning figure that a GPU probe confirms (dev/gpu/train-probe.sh).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -85,7 +87,8 @@ def main(argv=None) -> None:
     ap.add_argument("--compute-dtype", default="fp16", choices=("fp32", "fp16", "bf16"))
     ap.add_argument("--attention", default="causal", choices=("causal", "mask"))
     args = ap.parse_args(argv)
-    cfg = read_gguf_config(read_gguf(args.gguf), args.gguf) if args.gguf else load_engine_model(args.model).cfg
+    with contextlib.redirect_stdout(sys.stderr):  # the loader's "reading ..." lines: stdout is the JSON
+        cfg = read_gguf_config(read_gguf(args.gguf), args.gguf) if args.gguf else load_engine_model(args.model).cfg
     gib = 2.0 ** 30
     out = {"layers": cfg.num_layers, "hidden": cfg.hidden_size, "compute_dtype": args.compute_dtype,
            "attention": args.attention, "saved_gib": {}}
@@ -94,9 +97,9 @@ def main(argv=None) -> None:
         plain, ckpt = (predict(coefs[c], cfg.num_layers, tokens) / gib for c in (False, True))
         # the checkpointed backward recomputes one layer at a time: its saved tensors come back
         layer = (coefs[False]["per_layer"] + coefs[False]["per_layer_token"] * tokens) / gib
-        out["saved_gib"][tokens] = {"plain": round(plain, 2), "checkpointed": round(ckpt, 2),
-                                    "checkpointed_with_one_layer_recomputed": round(ckpt + layer, 2),
-                                    "saving": round(plain - ckpt - layer, 2)}
+        out["saved_gib"][tokens] = {"plain": plain, "checkpointed": ckpt,
+                                    "checkpointed_with_one_layer_recomputed": ckpt + layer,
+                                    "saving": plain - ckpt - layer}
     print(json.dumps(out, indent=2))
 
 

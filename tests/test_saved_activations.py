@@ -23,3 +23,16 @@ def test_checkpointing_saves_less_by_more_than_the_layers_it_keeps():
     plain, ckpt = (predict(fit(CFG, "fp32", c), 3, 1024) for c in (False, True))
     layer_inputs = 3 * 1024 * CFG.hidden_size * 4  # what checkpointing keeps: each layer's fp32 input
     assert ckpt < plain - layer_inputs
+
+
+def test_the_command_reads_a_converted_model(tmp_path, prepare, capsys):
+    import json
+
+    from dev.saved_activations import main
+    from ratchet.paths import RunPaths
+
+    cfg = prepare(tmp_path / "results")
+    capsys.readouterr()  # what preparing printed
+    main(["--model", str(RunPaths.from_config(cfg).model), "--tokens", "512", "--compute-dtype", "fp32"])
+    got = json.loads(capsys.readouterr().out)["saved_gib"]["512"]  # stdout is the JSON alone
+    assert got["plain"] > got["checkpointed_with_one_layer_recomputed"] > got["checkpointed"] > 0
