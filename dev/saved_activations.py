@@ -28,7 +28,7 @@ PROBE_ROWS = 4
 PROMPT_TOKENS = 32
 
 
-def saved_bytes(cfg, tokens: int, compute_dtype: str, checkpointing: bool, attention: str = "causal") -> int:
+def saved_bytes(cfg, tokens: int, compute_dtype: str, checkpointing: bool) -> int:
     """Bytes autograd keeps for the backward of one token_logprobs pass over `tokens` tokens
     (PROBE_ROWS rows of PROMPT_TOKENS prompt tokens and the rest answer), parameters excluded."""
     from ratchet.trainer.policy import Policy
@@ -52,16 +52,17 @@ def saved_bytes(cfg, tokens: int, compute_dtype: str, checkpointing: bool, atten
     prompts = [[1] * PROMPT_TOKENS] * PROBE_ROWS
     responses = [[2] * answer] * PROBE_ROWS
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        policy.token_logprobs(prompts, responses, compute_dtype=compute_dtype, attention=attention,
+        # causal, as the profiles train: a mask's [B, T, T] would not grow linearly in the tokens
+        policy.token_logprobs(prompts, responses, compute_dtype=compute_dtype, attention="causal",
                               gradient_checkpointing=checkpointing)
     return sum(seen.values())
 
 
-def fit(cfg, compute_dtype: str, checkpointing: bool, attention: str = "causal") -> dict[str, float]:
+def fit(cfg, compute_dtype: str, checkpointing: bool) -> dict[str, float]:
     """The linear model's coefficients (bytes): fixed, per token, per layer, per layer and token."""
     t1, t2 = PROBE_TOKENS
     counts = {(layers, t): saved_bytes(dataclasses.replace(cfg, num_layers=layers), t, compute_dtype,
-                                       checkpointing, attention)
+                                       checkpointing)
               for layers in (1, 2) for t in (t1, t2)}
     layer = {t: counts[(2, t)] - counts[(1, t)] for t in (t1, t2)}
     rest = {t: counts[(1, t)] - layer[t] for t in (t1, t2)}
@@ -85,14 +86,13 @@ def main(argv=None) -> None:
     src.add_argument("--model", type=Path, help="a converted model folder (results/<run>/model)")
     ap.add_argument("--tokens", type=int, nargs="+", default=[2048, 8192], help="padded tokens a pass")
     ap.add_argument("--compute-dtype", default="fp16", choices=("fp32", "fp16", "bf16"))
-    ap.add_argument("--attention", default="causal", choices=("causal", "mask"))
     args = ap.parse_args(argv)
     with contextlib.redirect_stdout(sys.stderr):  # the loader's "reading ..." lines: stdout is the JSON
         cfg = read_gguf_config(read_gguf(args.gguf), args.gguf) if args.gguf else load_engine_model(args.model).cfg
     gib = 2.0 ** 30
     out = {"layers": cfg.num_layers, "hidden": cfg.hidden_size, "compute_dtype": args.compute_dtype,
-           "attention": args.attention, "saved_gib": {}}
-    coefs = {ckpt: fit(cfg, args.compute_dtype, ckpt, args.attention) for ckpt in (False, True)}
+           "saved_gib": {}}
+    coefs = {ckpt: fit(cfg, args.compute_dtype, ckpt) for ckpt in (False, True)}
     for tokens in args.tokens:
         plain, ckpt = (predict(coefs[c], cfg.num_layers, tokens) / gib for c in (False, True))
         # the checkpointed backward recomputes one layer at a time: its saved tensors come back
