@@ -183,11 +183,17 @@ def timeline_summary(snakemake_log: Path) -> dict:
     return out
 
 
+def samples(path: Path) -> list[float]:
+    """The numbers of an nvidia-smi sampler's file (one a line, noheader, nounits), none where
+    it is missing; anything else in it (a blank line, "[N/A]") is no sample."""
+    if not path.is_file():
+        return []
+    return [float(v) for v in path.read_text().split() if v.replace(".", "", 1).isdigit()]
+
+
 def peak_from_samples(path: Path) -> float | None:
     """The largest of nvidia-smi's memory.used samples (MiB, one per line)."""
-    if not path.is_file():
-        return None
-    values = [float(v) for v in path.read_text().split() if v.replace(".", "", 1).isdigit()]
+    values = samples(path)
     return max(values) if values else None
 
 
@@ -195,9 +201,7 @@ def utilization_summary(path: Path, idle_below_pct: float = 5.0) -> dict | None:
     """nvidia-smi's utilization.gpu samples (percent, one a second): their mean, and the seconds
     in which no kernel ran for most of the sample (below `idle_below_pct`), where the profile's
     wall is not GPU work."""
-    if not path.is_file():
-        return None
-    values = [float(v) for v in path.read_text().split() if v.replace(".", "", 1).isdigit()]
+    values = samples(path)
     if not values:
         return None
     return {"samples": len(values), "mean_pct": sum(values) / len(values),

@@ -23,12 +23,17 @@ def snakemake_command(workdir: Path, *args: str, cores: str = "1") -> list[str]:
             "--directory", str(workdir), "--cores", cores, *args]
 
 
+def pipeline_env(tracking: str = "off") -> dict:
+    """This process's environment for a pipeline of its own: without an enclosing pipeline's
+    config, id and tracking store, RATCHET_TRACKING `tracking`."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MLFLOW_TRACKING_URI", "RATCHET_PIPELINE_ID", "RATCHET_CONFIG_JSON")}
+    return {**env, "RATCHET_TRACKING": tracking}
+
+
 def run_snakemake(workdir: Path, *args: str, cores: str = "1", env: dict | None = None,
                   timeout: float = 600) -> subprocess.CompletedProcess:
-    """`env`: the subprocess's whole environment; by default this one's, tracking off, without
-    an enclosing pipeline's config and id."""
-    if env is None:
-        env = {k: v for k, v in os.environ.items() if k not in ("RATCHET_CONFIG_JSON", "RATCHET_PIPELINE_ID")}
-        env["RATCHET_TRACKING"] = "off"
+    """`env`: the subprocess's whole environment; by default pipeline_env(), tracking off."""
+    env = pipeline_env() if env is None else env
     return subprocess.run(snakemake_command(workdir, *args, cores=cores), capture_output=True, text=True,
                           env=env, timeout=timeout)

@@ -7,13 +7,12 @@ the checkout's own results/ is never touched.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from snakemake_run import snakemake_command
+from snakemake_run import pipeline_env, snakemake_command
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
@@ -21,11 +20,9 @@ FIRST_HALF = ["download_model", "download_data", "convert_weights", "build_engin
 
 
 def start_snakemake(workdir: Path, *args: str, tracking: str = "on") -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("MLFLOW_TRACKING_URI", "RATCHET_PIPELINE_ID", "RATCHET_CONFIG_JSON")}
-    env["RATCHET_TRACKING"] = tracking
     cmd = snakemake_command(workdir, "--configfile", str(ROOT / "config" / "config.yaml"), *args, cores="2")
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=pipeline_env(tracking))
 
 
 def finish(proc: subprocess.Popen, check: bool = True) -> subprocess.CompletedProcess:
