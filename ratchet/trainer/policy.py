@@ -4,6 +4,8 @@ the positions that predict response tokens, in chunks, so the [B, T, V] logits n
 
 from __future__ import annotations
 
+import gc
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,6 +22,17 @@ from ratchet.trainer.precision import autocast, rounded_parameters
 
 
 ATTENTION = ("mask", "causal")  # train.attention
+
+
+def import_dynamo() -> None:
+    """torch._dynamo imported, and the cycle its import leaves collected at once. Its first
+    import (by Embedding's init, even on the meta device, or by AdamW's constructor) leaves the
+    calling frames in a reference cycle (torch.fx's `wrap` holds its own frame), and their
+    locals with them: an ablation's first run (its masters, AdamW moments and engines, tens of
+    GiB at 1.5B) outlived the run until the collector's next full pass."""
+    if "torch._dynamo" not in sys.modules:
+        import torch._dynamo  # noqa: F401
+        gc.collect()
 
 
 class RMSNorm(nn.Module):
@@ -177,6 +190,7 @@ class Policy(nn.Module):
     # ------------------------------------------------------------------ weights
     @classmethod
     def from_weights(cls, cfg: ModelConfig, weights: dict, device="cpu") -> "Policy":
+        import_dynamo()  # before the modules' init would import it with this call's frames
         # Built on the meta device: a random init of 0.5B parameters would cost seconds for nothing.
         with torch.device("meta"):
             policy = cls(cfg)

@@ -4,7 +4,9 @@ capture fails, steps run eagerly: the same kernels, the same results."""
 
 from __future__ import annotations
 
+import inspect
 import warnings
+import weakref
 
 
 def buckets_for(max_batch_size: int) -> list[int]:
@@ -18,13 +20,20 @@ def buckets_for(max_batch_size: int) -> list[int]:
 
 
 class DecodeGraphs:
-    """Graphs of `body(bucket, sample, buffer_pair)` (the step's kernels, launched on `stream`)."""
+    """Graphs of `body(bucket, sample, buffer_pair)` (the step's kernels, launched on `stream`).
+    A bound method is held weakly: the backend that owns this cache and whose method it is
+    then goes (KV cache, weights, graphs) with its last reference, not at the cycle
+    collector's next full pass (an ablation makes engines of several GiB, run after run)."""
 
     def __init__(self, stream, body, enabled: bool = True):
-        self.stream, self.body = stream, body
+        self.stream = stream
+        self._body = weakref.WeakMethod(body) if inspect.ismethod(body) else (lambda: body)
         self.enabled = enabled
         self.graphs: dict[tuple[int, bool, int], object] = {}
         self.error: str | None = None  # why capture failed, once it has
+
+    def body(self, b: int, sample: bool, k: int) -> None:
+        self._body()(b, sample, k)
 
     def __contains__(self, key: tuple[int, bool, int]) -> bool:
         return key in self.graphs
