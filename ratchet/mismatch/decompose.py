@@ -5,6 +5,7 @@ three studies of the same plain GRPO run, so one run of its fp32 updates serves 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import pandas as pd
@@ -12,6 +13,7 @@ import pandas as pd
 from ratchet.gap import gap_metrics
 from ratchet.mismatch.ablation import AblateSettings, Setup, Trajectory
 from ratchet.mismatch.visibility import first_rows, update_rows
+from ratchet.trainer.parking import parked_state
 
 SOURCES = ("weight_rounding", "arithmetic", "engine_kernels", "total", "fixed", "exact")
 # source -> (reference, against); a side is "engine" or (weight_dtype, compute_dtype), "E" = the engine's
@@ -132,27 +134,34 @@ def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibili
             if log_visibility is not None:
                 log_visibility(update, found)
             laps("visibility")
-        if update in measure_at:
-            found = []
-            for (backend, dtype), engine in engines.items():
-                found += [{"updates": update, "steps": traj.step, **({"backend": backend} if tagged else {}), **r}
-                          for r in
-                          measure_sources(traj.policy, engine, setup.measure_prompts,
-                                          settings.max_new_tokens, settings.seed + 1,
-                                          settings.temperature, settings.eps, settings.micro_batch_size)]
-            decompose_rows += found
-            if log_measured is not None and update not in gradient_at:
-                log_measured(update)  # before its log's progress line, which then counts it
-            if log is not None:
-                log(update, found)
-            laps("sources")
-        if update in gradient_at:
-            for dtype in gradient_dtypes:
-                found = gradient_rows(traj, engines[(setup.backend, dtype)], setup.task, settings, update, laps,
-                                      gradient_counts)
-                gradient_rows_ += found
-                if log_measured is not None and dtype == gradient_dtypes[-1]:
-                    log_measured(update)
-                if log_gradient is not None:
-                    log_gradient(dtype, update, found)
+        measured = update in measure_at or update in gradient_at
+        # AdamW's moments (twice the masters) wait on the host while the measurements hold the GPU
+        with parked_state(traj.optimizer) if measured else contextlib.nullcontext():
+            if measured:
+                laps("AdamW state parked on the host")
+            if update in measure_at:
+                found = []
+                for (backend, dtype), engine in engines.items():
+                    found += [{"updates": update, "steps": traj.step, **({"backend": backend} if tagged else {}), **r}
+                              for r in
+                              measure_sources(traj.policy, engine, setup.measure_prompts,
+                                              settings.max_new_tokens, settings.seed + 1,
+                                              settings.temperature, settings.eps, settings.micro_batch_size)]
+                decompose_rows += found
+                if log_measured is not None and update not in gradient_at:
+                    log_measured(update)  # before its log's progress line, which then counts it
+                if log is not None:
+                    log(update, found)
+                laps("sources")
+            if update in gradient_at:
+                for dtype in gradient_dtypes:
+                    found = gradient_rows(traj, engines[(setup.backend, dtype)], setup.task, settings, update, laps,
+                                          gradient_counts)
+                    gradient_rows_ += found
+                    if log_measured is not None and dtype == gradient_dtypes[-1]:
+                        log_measured(update)
+                    if log_gradient is not None:
+                        log_gradient(dtype, update, found)
+        if measured:
+            laps("AdamW state parked on the host")
     return pd.DataFrame(decompose_rows), pd.DataFrame(visibility_rows), pd.DataFrame(gradient_rows_)
