@@ -30,6 +30,9 @@ def configure_threads(model_cfg, num_processes: int = 1) -> None:
 def set_determinism(seed: int) -> None:
     import torch
 
+    from ratchet.trainer.dynamo_import import import_dynamo
+
+    import_dynamo()  # use_deterministic_algorithms would import it with the caller's frames in a cycle
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS on GPU
     torch.manual_seed(seed)
     torch.use_deterministic_algorithms(True)

@@ -4,8 +4,6 @@ the positions that predict response tokens, in chunks, so the [B, T, V] logits n
 
 from __future__ import annotations
 
-import gc
-import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,21 +16,11 @@ from torch.utils.checkpoint import checkpoint
 from ratchet.model.config import ModelConfig
 from ratchet.model.flat_weights import FlatWeights
 from ratchet.model.layout import check_weights, expected_shapes, flat_offsets, rope_tables
+from ratchet.trainer.dynamo_import import import_dynamo
 from ratchet.trainer.precision import autocast, rounded_parameters
 
 
 ATTENTION = ("mask", "causal")  # train.attention
-
-
-def import_dynamo() -> None:
-    """torch._dynamo imported, and the cycle its import leaves collected at once. Its first
-    import (by Embedding's init, even on the meta device, or by AdamW's constructor) leaves the
-    calling frames in a reference cycle (torch.fx's `wrap` holds its own frame), and their
-    locals with them: an ablation's first run (its masters, AdamW moments and engines, tens of
-    GiB at 1.5B) outlived the run until the collector's next full pass."""
-    if "torch._dynamo" not in sys.modules:
-        import torch._dynamo  # noqa: F401
-        gc.collect()
 
 
 class RMSNorm(nn.Module):
