@@ -3,7 +3,8 @@
 # so that the machine does not idle between calls and no two jobs fight for its memory (two
 # ablations beside a training ran the GPU out of memory). A plan is a file of steps, one shell
 # command a line (# comments, blank lines skipped), each with its own $OUT under the plan's state:
-#   bash dev/gpu/plan.sh start dev/gpu/plans/NAME.txt
+#   bash dev/gpu/plan.sh start dev/gpu/plans/NAME.txt > /root/plan-start.log 2>&1 < /dev/null
+#     (never into a pipe: the detached runner inherits it, and the call waits for it to its timeout)
 #   bash dev/gpu/plan.sh wait       # poll up to WAIT_S s (default 540): each step's state, newest lines
 #   bash dev/gpu/plan.sh collect    # every step's $OUT so far -> $OUT/plan.tgz (stepN/...), with the plan's log
 # The steps run in a copy of the checkout ($state/repo): every device call rewrites the checkout
