@@ -371,3 +371,22 @@ def test_compare_gradients_in_place_gives_the_bits_of_the_four_temporaries_and_l
     assert all(torch.equal(a, b) for a, b in zip(ref, before[1]))
     same = compare_gradients(grads, grads)  # the reference against itself: one list twice
     assert same["rel_diff"] == 0.0 and all(torch.equal(a, b) for a, b in zip(grads, before[0]))
+
+
+@pytest.mark.parametrize("at_once", [1, 2])
+def test_fewer_gradients_at_once_give_the_same_rows(tiny, settings, frame, at_once):
+    """ablate.gradients_at_once splits a forward's remedies over passes of their own (a forward
+    each, the reference's gradient held throughout): the rows are the bits of all at once, and
+    the passes more (the backwards' sharing within a pass only)."""
+    counts: dict = {}
+    split = along_updates(tiny, dataclasses.replace(settings, gradients_at_once=at_once), visibility_updates=0,
+                          measure_at=(), gradient_at=settings.gradient_updates, gradient_counts=counts)[2]
+    assert split.equals(frame)
+    together: dict = {}
+    along_updates(tiny, settings, visibility_updates=0, measure_at=(), gradient_at=settings.gradient_updates,
+                  gradient_counts=together)
+    assert counts["losses"] == together["losses"]  # every variant's loss, a micro-batch at a time
+    # variants whose gradients agree share a backward only within a pass: all of them at once
+    # share most, one a pass none
+    assert together["backwards"] < counts["backwards"] <= counts["losses"]
+    assert (counts["backwards"] == counts["losses"]) == (at_once == 1)

@@ -136,8 +136,8 @@ def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibili
             laps("visibility")
         measured = update in measure_at or update in gradient_at
         # AdamW's moments (twice the masters) wait on the host while the measurements hold the GPU
-        with parked_state(traj.optimizer) if measured else contextlib.nullcontext():
-            if measured:
+        with parked_state(traj.optimizer) if measured else contextlib.nullcontext(0) as parked:
+            if parked:  # (a CPU trainer's state stays where it is)
                 laps("AdamW state parked on the host")
             if update in measure_at:
                 found = []
@@ -162,6 +162,6 @@ def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibili
                         log_measured(update)
                     if log_gradient is not None:
                         log_gradient(dtype, update, found)
-        if measured:
+        if parked:
             laps("AdamW state parked on the host")
     return pd.DataFrame(decompose_rows), pd.DataFrame(visibility_rows), pd.DataFrame(gradient_rows_)

@@ -176,19 +176,23 @@ def batch_rows(policy, engine, groups: list, task, settings: AblateSettings, lap
                counts: dict | None = None) -> list[dict]:
     """Every variant's gradient of the same batch against the reference's: one row each. The
     variants of one forward (the reference's four on the fp32 masters; the fix and the exact fix
-    on the rounded ones) share it (variant_gradients), the reference's first."""
+    on the rounded ones) share it (variant_gradients), the reference's first, at most
+    `settings.gradients_at_once` of them a pass (each further pass its own forward, the
+    reference's gradient held throughout: the same bits, fewer gradients held at once)."""
     dtype = engine.dtype
     cfgs = {v: variant_config(settings, v, dtype) for v in GRADIENT_VARIANTS}
     by_forward: dict[tuple, list[str]] = {}
     for v in sorted(GRADIENT_VARIANTS, key=lambda v: v != "reference"):
         by_forward.setdefault(forward_key(cfgs[v]), []).append(v)
+    at_once = settings.gradients_at_once or len(GRADIENT_VARIANTS)
+    passes = [names[i:i + at_once] for names in by_forward.values() for i in range(0, len(names), at_once)]
     found, ref = {}, None
-    for names in by_forward.values():
+    for names in passes:
         for v, (grads, exp) in zip(names, variant_gradients(policy, groups, task, [cfgs[v] for v in names],
                                                             engine, laps, counts)):
             ref = ref or (grads, exp)  # the reference's group comes first, the reference first in it
             found[v] = (compare_gradients(grads, ref[0]), exp)
-        del grads  # the group's last gradients, before the next group's are made (ref's stay)
+        del grads  # the pass's last gradients, before the next pass's are made (ref's stay)
     ref_exp = ref[1]
     mask = ref_exp.mask
     gap = (ref_exp.engine - ref_exp.trainer)[mask].double().abs()  # the trainer's own log-probs
