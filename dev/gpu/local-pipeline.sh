@@ -6,7 +6,7 @@
 # the call) and polled:
 #   bash dev/gpu/local-pipeline.sh start     # model + data in place, launch, return
 #   bash dev/gpu/local-pipeline.sh wait      # poll up to WAIT_S s (default 540), show progress
-#   bash dev/gpu/local-pipeline.sh collect   # the record -> $OUT/h200-local.tgz
+#   bash dev/gpu/local-pipeline.sh collect   # the record -> $OUT/<card>-local.tgz (h200-local.tgz)
 # (one archive: a call brings back a limited number of files)
 # Before: the wheels and data (carry .whl and .cache/gsm8k, `source dev/gpu/env.sh`,
 # copy .cache/gsm8k to /root/data/) and the model chunks (/root/m), in calls back to back:
@@ -15,7 +15,7 @@
 set -uo pipefail
 source dev/gpu/env.sh
 source dev/gpu/detached.sh
-# PROFILE=local-1.5b for config/local-1.5b.yaml (results/local-1.5b, record h200-local-1.5b)
+# PROFILE=local-1.5b for config/local-1.5b.yaml (results/local-1.5b, record <card>-local-1.5b)
 # PIPELINE_SET: snakemake's `set=` overrides, e.g. a trainer setting tried before the profile takes it
 profile=${PROFILE:-local}
 state=/root/pipeline-$profile
@@ -73,11 +73,14 @@ collect)
   wall=(); [ -f "$state/wall_s" ] && wall=(--wall-s "$(cat "$state/wall_s")")
   mps=(); [ -f "$state/mps" ] && mps=(--extra "{\"mps\": $(cat "$state/mps")}")
   overrides=(); [ -n "${PIPELINE_SET:-}" ] && read -ra overrides <<< "$PIPELINE_SET"
-  python3 -m dev.record --run "results/$profile" --out "$OUT/h200-$profile" "${wall[@]}" \
+  # named by the card it ran on (h200, h100): a lease asked for an H200 may get an H100
+  card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oiE 'h[0-9]{3}' | tr 'A-Z' 'a-z')
+  record=${card:-gpu}-$profile
+  python3 -m dev.record --run "results/$profile" --out "$OUT/$record" "${wall[@]}" \
     --command "$command" --config "config/$profile.yaml" --set "${overrides[@]}" --gpu-samples "$state/gpu_mem_mib.txt" \
     --gpu-util "$state/gpu_util_pct.txt" \
     --snakemake-log "$state/snakemake.log" "${mps[@]}"
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/h200-$profile/nvidia-smi.txt"
-  tar czf "$OUT/h200-$profile.tgz" -C "$OUT" "h200-$profile" && rm -rf "$OUT/h200-$profile"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/$record/nvidia-smi.txt"
+  tar czf "$OUT/$record.tgz" -C "$OUT" "$record" && rm -rf "$OUT/$record"
   ;;
 esac
