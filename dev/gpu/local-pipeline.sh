@@ -74,13 +74,14 @@ collect)
   mps=(); [ -f "$state/mps" ] && mps=(--extra "{\"mps\": $(cat "$state/mps")}")
   overrides=(); [ -n "${PIPELINE_SET:-}" ] && read -ra overrides <<< "$PIPELINE_SET"
   # named by the card it ran on (h200, h100): a lease asked for an H200 may get an H100
-  card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oiE 'h[0-9]{3}' | tr 'A-Z' 'a-z')
+  smi=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv)
+  card=$(sed -n 2p <<< "$smi" | cut -d, -f1 | grep -oiE 'h[0-9]{3}' | tr 'A-Z' 'a-z')
   record=${card:-gpu}-$profile
   python3 -m dev.record --run "results/$profile" --out "$OUT/$record" "${wall[@]}" \
     --command "$command" --config "config/$profile.yaml" --set "${overrides[@]}" --gpu-samples "$state/gpu_mem_mib.txt" \
     --gpu-util "$state/gpu_util_pct.txt" \
     --snakemake-log "$state/snakemake.log" "${mps[@]}"
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/$record/nvidia-smi.txt"
+  printf '%s\n' "$smi" > "$OUT/$record/nvidia-smi.txt"
   tar czf "$OUT/$record.tgz" -C "$OUT" "$record" && rm -rf "$OUT/$record"
   ;;
 esac
