@@ -67,13 +67,60 @@ def test_the_15b_profile_is_the_local_study_on_the_larger_model():
     # the gradients along ablate_decompose's run in both; at 0.5B a job a fix run (they fit beside
     # the other rules), at 1.5B the five in one job (one large rule at a time)
     assert small["ablate"]["parallel_jobs"] == "fix_runs" and big["ablate"]["parallel_jobs"] is False
+    stated = [{k: v for k, v in cfg["gpu_priority"].items() if v is not None} for cfg in (small, big)]
+    assert stated[0] == {} and stated[1]  # the order of the large rules: the next test
     assert (small["ablate"]["gradients_at_once"], big["ablate"]["gradients_at_once"]) == (None, 1)
     for cfg in (small, big):
         cfg.pop("run_name"), cfg.pop("gpu_job_slots"), cfg["model"].pop("path"), cfg["train"].pop("keep_checkpoints")
-        cfg.pop("gpu_memory_gib")
+        cfg.pop("gpu_memory_gib"), cfg.pop("gpu_priority")
         cfg["ablate"].pop("micro_batch_size"), cfg["ablate"].pop("parallel_jobs"), cfg["ablate"].pop("gradients_at_once")
         cfg["train"].pop("gradient_checkpointing"), cfg["ablate"].pop("gradient_checkpointing")
     assert small == big
+
+
+def _started(ready: dict[str, int], running: set[str], mem: dict, total: int = 140) -> set[str]:
+    """The jobs Snakemake's scheduler starts among `ready` ({rule: priority}) beside `running`:
+    the set whose priorities sum highest that fits the GPU's GiB (its objective's first term;
+    a tie fails the caller, whose order would then be the solver's)."""
+    free = total - sum(mem[r] for r in running)
+    best, ties = set(), []
+    for mask in range(1, 1 << len(ready)):
+        chosen = {r for i, r in enumerate(ready) if mask >> i & 1}
+        if sum(mem[r] for r in chosen) > free:
+            continue
+        score = sum(ready[r] for r in chosen)
+        if score > sum(ready[r] for r in best):
+            best, ties = chosen, []
+        elif best and score == sum(ready[r] for r in best):
+            ties.append(chosen)
+    assert not ties, (best, ties)
+    return best
+
+
+def test_the_15b_profile_runs_its_two_ablations_each_beside_a_training():
+    """ablate_decompose and ablate_fix_run cannot share the H200 (75 + 80 GiB), so the profile's
+    gpu_priority starts ablate_decompose beside train_split, then beside train_colocated, and
+    ablate_fix_run beside the rest of the colocated training, rather than both trainings first
+    and the two ablations one after the other."""
+    cfg = cfgmod.load(ROOT / "config" / "local-1.5b.yaml")
+    own = {"train_colocated": 10, "train_split": 10, "ablate_decompose": 8, "ablate_fix_run": 7,
+           "eval_baseline": 5, "eval_after_split": 5, "eval_after_colocated": 5}  # the rules' own (workflow/rules)
+    prio = {**own, **{k: v for k, v in cfg["gpu_priority"].items() if k in own and v is not None}}
+    mem = {rule: cfg["gpu_memory_gib"].get(rule) or cfg["gpu_memory_gib"]["default"] for rule in prio}
+    ready = lambda *rules: {r: prio[r] for r in rules}  # noqa: E731
+    # after build_engine: every GPU rule of `all` but verify and the evals after training
+    assert _started(ready("train_colocated", "train_split", "ablate_decompose", "ablate_fix_run", "eval_baseline"),
+                    set(), mem) == {"ablate_decompose", "train_split"}
+    # train_split done: the colocated training joins ablate_decompose (not the evals that fit)
+    assert _started(ready("train_colocated", "ablate_fix_run", "eval_baseline", "eval_after_split"),
+                    {"ablate_decompose"}, mem) == {"train_colocated"}
+    # ablate_decompose done: the fix runs beside the colocated training
+    assert _started(ready("ablate_fix_run", "eval_baseline", "eval_after_split"),
+                    {"train_colocated"}, mem) == {"ablate_fix_run"}
+    # the rules' own order would start both trainings first, then the ablations one at a time
+    own_ready = {r: own[r] for r in ("train_colocated", "train_split", "ablate_decompose", "ablate_fix_run",
+                                     "eval_baseline")}
+    assert _started(own_ready, set(), mem) == {"train_colocated", "train_split", "eval_baseline"}
 
 
 def test_paper_profile_pins_revisions_and_study_settings():

@@ -84,7 +84,7 @@ def _dry_run_resource(workdir: Path, resource: str, *args: str) -> dict[str, int
     for line in proc.stdout.splitlines():
         if m := re.match(r"^(?:local)?rule (\w+):", line):
             rule = m.group(1)
-        elif rule and (m := re.search(rf"{resource}=(\d+)", line)):
+        elif rule and (m := re.search(rf"\b{resource}[=:] ?(\d+)", line)):
             asked[rule] = int(m.group(1))
     return asked
 
@@ -110,6 +110,18 @@ def test_every_gpu_rule_asks_snakemake_for_the_gpu_memory_its_profile_states(tmp
     assert some.pop("ablate_fix_run") == 67 and set(some.values()) == {16}
 
 
+def test_a_profile_orders_the_gpu_rules_by_its_gpu_priority(tmp_path):
+    """config gpu_priority becomes a GPU rule's Snakemake priority; a rule not named keeps its
+    own (the trainings 10)."""
+    asked = _dry_run_resource(tmp_path, "priority", "--config",
+                              "set=gpu_priority.train_split=40 gpu_priority.build_engine=3")
+    assert (asked["train_split"], asked["build_engine"], asked["train_colocated"]) == (40, 3, 10)
+    with pytest.raises(ValueError, match="gpu_prority"):
+        validate({"gpu_prority": {"train_split": 40}})
+    with pytest.raises(ValueError, match="trian_split"):
+        validate({"gpu_priority": {"trian_split": 40}})
+
+
 def test_a_change_to_the_train_section_reruns_the_ablations_that_take_its_knobs():
     """The ablation runs are the train section's GRPO settings with ablate's over them
     (AblateSettings.train: its token cut, attention, AdamW's betas, ...): a change there must
@@ -131,9 +143,16 @@ def test_the_gpu_stages_are_the_rules_that_take_gpu_jobs():
             if found and "gpu_jobs=" in block:
                 taking.add(found.group(1))
     assert taking == set(registry.GPU_STAGES)
+    # and each takes its priority from the profile (config gpu_priority) over its own
+    for smk in (ROOT / "workflow" / "rules").glob("*.smk"):
+        for block in re.split(r"\n(?=rule )", smk.read_text()):
+            found = re.match(r"\s*rule (\w+):", block)
+            if found and found.group(1) in registry.GPU_STAGES:
+                assert f'priority: gpu_priority("{found.group(1)}", ' in block, found.group(1)
     schema = yaml.safe_load((ROOT / "ratchet" / "schemas" / "config.schema.yaml").read_text())
     # the GPU memory a profile may state: one key a GPU stage, and a default
     assert set(schema["properties"]["gpu_memory_gib"]["properties"]) == {"default", *registry.GPU_STAGES}
+    assert set(schema["properties"]["gpu_priority"]["properties"]) == set(registry.GPU_STAGES)
 
 
 def test_the_stages_that_gather_tables_start_without_torch():

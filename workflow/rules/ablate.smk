@@ -33,7 +33,7 @@ rule ablate_decompose:
         **({"gradient": P.gradient_part(EVERY)} if GRADIENT_PARTS == [EVERY] else {}),
     params:
         settings=stage_settings("ablate_decompose"),
-    priority: 8
+    priority: gpu_priority("ablate_decompose", 8)
     resources:
         gpu_jobs=GPU_JOB_SLOTS,
         gpu_mem_gib=gpu_mem_gib("ablate_decompose"),
@@ -58,7 +58,7 @@ rule ablate_gradient_run:
         dtype="|".join(ENGINE_DTYPES),
     params:
         settings=job_settings("ablate_gradient_run", "engine_dtypes"),
-    priority: 8
+    priority: gpu_priority("ablate_gradient_run", 8)
     resources:
         gpu_jobs=GPU_JOB_SLOTS,
         gpu_mem_gib=job_gpu_mem_gib("ablate_gradient_run"),
@@ -105,7 +105,7 @@ rule ablate_fix_run:
         remedy="|".join((*FIX_RUNS, EVERY)),
     params:
         settings=job_settings("ablate_fix_run", "fix_runs"),
-    priority: 7
+    priority: gpu_priority("ablate_fix_run", 7)
     resources:
         gpu_jobs=GPU_JOB_SLOTS,
         gpu_mem_gib=job_gpu_mem_gib("ablate_fix_run"),
@@ -154,6 +154,7 @@ rule ablate_decompose_vllm:
         figure=P.decompose_vllm_figure,
     params:
         settings=stage_settings("ablate_decompose_vllm"),
+    priority: gpu_priority("ablate_decompose_vllm", 0)
     resources:
         gpu_jobs=GPU_JOB_SLOTS,
         gpu_mem_gib=gpu_mem_gib("ablate_decompose_vllm"),

@@ -53,6 +53,12 @@ def gpu_mem_gib(stage, wildcards=None):
     return math.ceil(gpu_memory_wanted(stage, config, jobs))
 
 
+def gpu_priority(stage, own):
+    """A GPU rule's Snakemake priority: the profile's (config gpu_priority), else the rule's own."""
+    stated = config["gpu_priority"].get(stage)
+    return own if stated is None else stated
+
+
 def job_gpu_mem_gib(stage):
     """gpu_mem_gib of each job of a rule with wildcards, as Snakemake asks for it."""
     return lambda wildcards: gpu_mem_gib(stage, wildcards)

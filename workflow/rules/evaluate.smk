@@ -7,7 +7,7 @@ rule eval_baseline:
         answers=P.eval_answers("baseline"),
     params:
         settings=stage_settings("eval_baseline"),
-    priority: 5
+    priority: gpu_priority("eval_baseline", 5)
     resources:
         gpu_jobs=GPU_JOB_SLOTS,
         gpu_mem_gib=gpu_mem_gib("eval_baseline"),
@@ -28,6 +28,7 @@ rule bench:
         bench=P.bench,
     params:
         settings=stage_settings("bench"),
+    priority: gpu_priority("bench", 0)
     resources:
         gpu_jobs=GPU_JOB_SLOTS,
         gpu_mem_gib=gpu_mem_gib("bench"),

@@ -20,7 +20,7 @@ rule ablate_learning_run:
         remedy="|".join(FIX_RUNS),
     params:
         settings=learning_run_settings(),
-    priority: 6
+    priority: gpu_priority("ablate_learning_run", 6)
     resources:
         gpu_jobs=GPU_JOB_SLOTS,
         gpu_mem_gib=job_gpu_mem_gib("ablate_learning_run"),

@@ -66,6 +66,7 @@ rule build_engine:
         build=P.build,
     params:
         settings=stage_settings("build_engine"),
+    priority: gpu_priority("build_engine", 0)
     resources:
         gpu_jobs=GPU_JOB_SLOTS,
         gpu_mem_gib=gpu_mem_gib("build_engine"),

@@ -19,7 +19,7 @@ rule train_colocated:
         manifest=P.train_manifest("colocated"),
     params:
         settings=stage_settings("train_colocated"),
-    priority: 10
+    priority: gpu_priority("train_colocated", 10)
     resources:
         gpu_jobs=GPU_JOB_SLOTS,
         gpu_mem_gib=gpu_mem_gib("train_colocated"),
@@ -45,7 +45,7 @@ rule train_split:
         manifest=P.train_manifest("split"),
     params:
         settings=stage_settings("train_split"),
-    priority: 10
+    priority: gpu_priority("train_split", 10)
     resources:
         gpu_jobs=GPU_JOB_SLOTS,
         gpu_mem_gib=gpu_mem_gib("train_split"),
@@ -68,7 +68,7 @@ rule eval_after_colocated:
         answers=P.eval_answers("after_colocated"),
     params:
         settings=stage_settings("eval_after_colocated"),
-    priority: 5
+    priority: gpu_priority("eval_after_colocated", 5)
     resources:
         gpu_jobs=GPU_JOB_SLOTS,
         gpu_mem_gib=gpu_mem_gib("eval_after_colocated"),
@@ -89,7 +89,7 @@ rule eval_after_split:
         answers=P.eval_answers("after_split"),
     params:
         settings=stage_settings("eval_after_split"),
-    priority: 5
+    priority: gpu_priority("eval_after_split", 5)
     resources:
         gpu_jobs=GPU_JOB_SLOTS,
         gpu_mem_gib=gpu_mem_gib("eval_after_split"),
@@ -109,7 +109,7 @@ rule verify:
         repro=P.verify_json,
     params:
         settings=stage_settings("verify"),
-    priority: 6
+    priority: gpu_priority("verify", 6)
     resources:
         gpu_jobs=GPU_JOB_SLOTS,
         gpu_mem_gib=gpu_mem_gib("verify"),
