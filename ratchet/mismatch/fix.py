@@ -50,8 +50,14 @@ def short_gap(metrics: dict[str, float]) -> dict[str, float]:
 def fix_runs(setup: Setup, settings: AblateSettings, names=None, log=None,
              laps=None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Each of `names` (default `settings.fix_runs`; fix_run), one after another: (steps, runs)
-    concatenated in that order."""
-    parts = [fix_run(setup, settings, name, log=log, laps=laps) for name in names or settings.fix_runs]
+    concatenated in that order. A run's engines go with it, and CuPy's pool hands their blocks
+    back before the next run starts (gpu_memory.release_cupy_cache)."""
+    from ratchet.gpu_memory import release_cupy_cache
+
+    parts = []
+    for name in names or settings.fix_runs:
+        parts.append(fix_run(setup, settings, name, log=log, laps=laps))
+        release_cupy_cache()
     return gather([p[0] for p in parts]), gather([p[1] for p in parts])
 
 

@@ -1,0 +1,66 @@
+"""CuPy's pool hands a finished ablation run's blocks back to the driver (gpu_memory.
+release_cupy_cache) and the allocator report keeps the pool's most from before the release;
+ablate_fix's runs in one process release after each run."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pandas as pd
+import pytest
+
+from ratchet import gpu_memory
+from ratchet.mismatch import fix
+
+GIB = 2 ** 30
+
+
+class FakePool:
+    def __init__(self, held: float):
+        self.held, self.freed = held, 0
+
+    def total_bytes(self) -> int:
+        return int(self.held * GIB)
+
+    def free_all_blocks(self) -> None:
+        self.freed += 1
+        self.held = 0.25  # what live arrays (the sampler's tables) still hold
+
+
+@pytest.fixture
+def pool(monkeypatch):
+    fake = FakePool(25.0)
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(get_default_memory_pool=lambda: fake))
+    monkeypatch.setattr(gpu_memory, "_cupy_pool_high", 0)
+    return fake
+
+
+def test_a_release_frees_the_pool_and_the_report_keeps_its_most(pool):
+    assert gpu_memory.gpu_highs_gib()["cupy pool"] == 25.0
+    gpu_memory.release_cupy_cache()
+    assert pool.freed == 1 and pool.total_bytes() == 0.25 * GIB
+    assert gpu_memory.gpu_highs_gib()["cupy pool"] == 25.0  # its most, not what it holds now
+    pool.held = 30.0  # a later run grows it past that
+    assert gpu_memory.gpu_highs_gib()["cupy pool"] == 30.0
+
+
+def test_without_cupy_a_release_does_nothing(monkeypatch):
+    monkeypatch.delitem(sys.modules, "cupy", raising=False)
+    monkeypatch.setattr(gpu_memory, "_cupy_pool_high", 0)
+    gpu_memory.release_cupy_cache()
+    assert "cupy pool" not in gpu_memory.gpu_highs_gib()
+
+
+def test_the_fix_runs_release_the_pool_after_each_run(monkeypatch):
+    events = []
+
+    def one_run(setup, settings, name, log=None, laps=None):
+        events.append(f"run {name}")
+        return pd.DataFrame({"run": [name]}), pd.DataFrame({"run": [name]})
+
+    monkeypatch.setattr(fix, "fix_run", one_run)
+    monkeypatch.setattr(gpu_memory, "release_cupy_cache", lambda: events.append("release"))
+    steps, runs = fix.fix_runs(None, types.SimpleNamespace(fix_runs=("none", "fix", "exact")))
+    assert events == ["run none", "release", "run fix", "release", "run exact", "release"]
+    assert list(runs["run"]) == ["none", "fix", "exact"] and list(steps["run"]) == ["none", "fix", "exact"]
