@@ -4,6 +4,10 @@ builds (its engine, the trainer, the sync telemetry, a sync, rollouts, the eval'
 thirty-fourth session's ablate_fix saw the pool at 18.8 GiB after "trainer and engines", where a
 64-row engine is ~5.5 GB and the telemetry's words 3.6 (results/records/h100-1.5b-ablate-memory/).
     python3 dev/gpu/pool_probe.py [--invariant]   # --invariant: the exact fix's engine
+    python3 dev/gpu/pool_probe.py --sequence [--release]   # ablate_fix's five runs' engines in turn
+The sequence builds what each of ablate_fix's runs builds in CuPy's pool (none, fix, exact, tis, mis:
+the exact fix on a batch-invariant engine with a fast one for its evals), drops it, and notes the
+pool after each; --release hands the pool's cached blocks back after each run, as fix_runs does.
 """
 from __future__ import annotations
 
@@ -34,15 +38,43 @@ def note(what: str) -> None:
     print(json.dumps(rows[-1]), flush=True)
 
 
+def sequence(cfg, host: dict, rounded: dict, release: bool) -> None:
+    """ablate_fix's runs' CuPy allocations in turn, each dropped before the next."""
+    from ratchet.gpu_memory import gpu_highs_gib, release_cupy_cache
+
+    policy = Policy.from_weights(cfg, host, device="cuda")
+    rng = np.random.default_rng(0)
+    for name in ("none", "fix", "exact", "tis", "mis"):
+        engine = make_engine(EngineModel(cfg, rounded, "fp16"), backend="cuda", max_batch_size=64,
+                             max_seq_len=1024, batch_invariant=name == "exact")
+        telemetry = SyncTelemetry(policy, "fp16")
+        sync_weights(engine, policy)
+        reqs = [Request(i, rng.integers(0, 1000, 150).tolist(), max_new_tokens=384, temperature=1.0, seed=i)
+                for i in range(64)]
+        engine.generate(reqs)
+        evals = (make_engine(EngineModel(cfg, rounded, "fp16"), backend="cuda", max_batch_size=64,
+                             max_seq_len=1024) if name == "exact" else None)
+        note(f"run {name}: its engines and telemetry")
+        del engine, telemetry, evals
+        if release:
+            release_cupy_cache()
+        note(f"run {name} dropped" + (" and the pool released" if release else ""))
+    print(json.dumps({"pool_most_gib": gpu_highs_gib().get("cupy pool"), "release": release}), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--invariant", action="store_true")
+    ap.add_argument("--sequence", action="store_true")
+    ap.add_argument("--release", action="store_true")
     args = ap.parse_args()
     cfg = coder15_config()
     host = {k: v.cpu().numpy() for k, v in random_torch_weights(cfg).items()}
     torch.cuda.empty_cache()
     note("random weights on the host")
     rounded = {k: round_to(v, "fp16") for k, v in host.items()}
+    if args.sequence:
+        return sequence(cfg, host, rounded, args.release)
     engine = make_engine(EngineModel(cfg, rounded, "fp16"), backend="cuda", max_batch_size=64, max_seq_len=1024,
                          batch_invariant=args.invariant)
     note("the run's engine (64 rows)")
