@@ -64,3 +64,25 @@ def test_the_fix_runs_release_the_pool_after_each_run(monkeypatch):
     steps, runs = fix.fix_runs(None, types.SimpleNamespace(fix_runs=("none", "fix", "exact")))
     assert events == ["run none", "release", "run fix", "release", "run exact", "release"]
     assert list(runs["run"]) == ["none", "fix", "exact"] and list(steps["run"]) == ["none", "fix", "exact"]
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_the_fix_runs_leave_no_cached_block_in_the_pool(tmp_path):
+    """On CUDA, three fix runs in one process (the exact fix's batch-invariant engine between two
+    of the fast one) leave CuPy's pool holding only live arrays, where without the release it
+    keeps every dropped engine's blocks; the report's high-water is at least a run's engines."""
+    import dataclasses
+
+    import cupy
+    from configured import ablate_settings
+    from tiny_setup import tiny_setup
+
+    settings = ablate_settings(updates=(0,), num_rollouts=4, max_new_tokens=4, problems_per_step=2, group_size=4,
+                               lr=1e-6, engine_dtypes=("fp16",), seed=0, engine_dtype="fp16", micro_batch_size=4,
+                               fix_steps=1, fix_runs=("none", "exact", "tis"))
+    setup = dataclasses.replace(tiny_setup(tmp_path, num_measure=4), backend="cuda", device="cuda")
+    pool = cupy.get_default_memory_pool()
+    steps, runs = fix.fix_runs(setup, settings)
+    assert list(runs["run"]) == ["none", "exact", "tis"]
+    assert pool.total_bytes() == pool.used_bytes() and pool.n_free_blocks() == 0
+    assert gpu_memory.gpu_highs_gib()["cupy pool"] * GIB > pool.used_bytes()
