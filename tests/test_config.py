@@ -1,10 +1,13 @@
 """The config schema: defaults filled, bad keys and types named, profiles valid."""
 
+import math
+import re
 from pathlib import Path
 
 import pytest
 
 from ratchet import config as cfgmod
+from ratchet.stages import gpu_memory_wanted
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -103,10 +106,10 @@ def test_the_15b_profile_runs_its_two_ablations_each_beside_a_training():
     ablate_fix_run beside the rest of the colocated training, rather than both trainings first
     and the two ablations one after the other."""
     cfg = cfgmod.load(ROOT / "config" / "local-1.5b.yaml")
-    own = {"train_colocated": 10, "train_split": 10, "ablate_decompose": 8, "ablate_fix_run": 7,
-           "eval_baseline": 5, "eval_after_split": 5, "eval_after_colocated": 5}  # the rules' own (workflow/rules)
-    prio = {**own, **{k: v for k, v in cfg["gpu_priority"].items() if k in own and v is not None}}
-    mem = {rule: cfg["gpu_memory_gib"].get(rule) or cfg["gpu_memory_gib"]["default"] for rule in prio}
+    own = {rule: int(p) for smk in (ROOT / "workflow" / "rules").glob("*.smk")  # the rules' own
+           for rule, p in re.findall(r'priority: gpu_priority\("(\w+)", (\d+)\)', smk.read_text())}
+    prio = {**own, **{k: v for k, v in cfg["gpu_priority"].items() if v is not None}}
+    mem = {rule: math.ceil(gpu_memory_wanted(rule, cfg)) for rule in prio}  # what each asks Snakemake for
     ready = lambda *rules: {r: prio[r] for r in rules}  # noqa: E731
     # after build_engine: every GPU rule of `all` but verify and the evals after training
     assert _started(ready("train_colocated", "train_split", "ablate_decompose", "ablate_fix_run", "eval_baseline"),

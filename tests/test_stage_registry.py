@@ -73,7 +73,8 @@ def test_reading_the_workflow_imports_no_torch(dry_run):
 
 
 def _dry_run_resource(workdir: Path, resource: str, *args: str) -> dict[str, int]:
-    """{rule: the value of `resource` its job asks for} in a dry run of `all` with `args`."""
+    """{rule: the value of `resource` its job asks for} in a dry run of `all` with `args`
+    (`priority`: the job's priority, which the dry run prints beside its resources)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RATCHET_", "MLFLOW_"))}
     proc = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"),
                            "--directory", str(workdir), "-n", "--cores", "1", *args, "--", "all"],
@@ -136,19 +137,16 @@ def test_a_change_to_the_train_section_reruns_the_ablations_that_take_its_knobs(
 def test_the_gpu_stages_are_the_rules_that_take_gpu_jobs():
     """A stage claims its GPU on a machine of several (ratchet/gpu_claim.py) where its rule
     takes Snakemake's gpu_jobs: the registry's list and the rules agree."""
-    taking = set()
+    taking = {}  # rule -> its block
     for smk in (ROOT / "workflow" / "rules").glob("*.smk"):
         for block in re.split(r"\n(?=rule )", smk.read_text()):
             found = re.match(r"\s*rule (\w+):", block)
             if found and "gpu_jobs=" in block:
-                taking.add(found.group(1))
-    assert taking == set(registry.GPU_STAGES)
+                taking[found.group(1)] = block
+    assert set(taking) == set(registry.GPU_STAGES)
     # and each takes its priority from the profile (config gpu_priority) over its own
-    for smk in (ROOT / "workflow" / "rules").glob("*.smk"):
-        for block in re.split(r"\n(?=rule )", smk.read_text()):
-            found = re.match(r"\s*rule (\w+):", block)
-            if found and found.group(1) in registry.GPU_STAGES:
-                assert f'priority: gpu_priority("{found.group(1)}", ' in block, found.group(1)
+    for rule, block in taking.items():
+        assert f'priority: gpu_priority("{rule}", ' in block, rule
     schema = yaml.safe_load((ROOT / "ratchet" / "schemas" / "config.schema.yaml").read_text())
     # the GPU memory a profile may state: one key a GPU stage, and a default
     assert set(schema["properties"]["gpu_memory_gib"]["properties"]) == {"default", *registry.GPU_STAGES}
