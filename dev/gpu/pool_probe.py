@@ -38,6 +38,18 @@ def note(what: str) -> None:
     print(json.dumps(rows[-1]), flush=True)
 
 
+def new_engine(cfg, rounded: dict, invariant: bool = False):
+    """A 64-row fp16 CUDA engine of 1,024 positions, as an ablation run makes it."""
+    return make_engine(EngineModel(cfg, rounded, "fp16"), backend="cuda", max_batch_size=64, max_seq_len=1024,
+                       batch_invariant=invariant)
+
+
+def rollouts(engine, rng) -> None:
+    """A step's 64 answers of up to 384 tokens to random 150-token prompts."""
+    engine.generate([Request(i, rng.integers(0, 1000, 150).tolist(), max_new_tokens=384, temperature=1.0, seed=i)
+                     for i in range(64)])
+
+
 def sequence(cfg, host: dict, rounded: dict, release: bool) -> None:
     """ablate_fix's runs' CuPy allocations in turn, each dropped before the next."""
     from ratchet.gpu_memory import gpu_highs_gib, release_cupy_cache
@@ -45,15 +57,11 @@ def sequence(cfg, host: dict, rounded: dict, release: bool) -> None:
     policy = Policy.from_weights(cfg, host, device="cuda")
     rng = np.random.default_rng(0)
     for name in ("none", "fix", "exact", "tis", "mis"):
-        engine = make_engine(EngineModel(cfg, rounded, "fp16"), backend="cuda", max_batch_size=64,
-                             max_seq_len=1024, batch_invariant=name == "exact")
+        engine = new_engine(cfg, rounded, invariant=name == "exact")
         telemetry = SyncTelemetry(policy, "fp16")
         sync_weights(engine, policy)
-        reqs = [Request(i, rng.integers(0, 1000, 150).tolist(), max_new_tokens=384, temperature=1.0, seed=i)
-                for i in range(64)]
-        engine.generate(reqs)
-        evals = (make_engine(EngineModel(cfg, rounded, "fp16"), backend="cuda", max_batch_size=64,
-                             max_seq_len=1024) if name == "exact" else None)
+        rollouts(engine, rng)
+        evals = new_engine(cfg, rounded) if name == "exact" else None
         note(f"run {name}: its engines and telemetry")
         del engine, telemetry, evals
         if release:
@@ -75,8 +83,7 @@ def main() -> None:
     rounded = {k: round_to(v, "fp16") for k, v in host.items()}
     if args.sequence:
         return sequence(cfg, host, rounded, args.release)
-    engine = make_engine(EngineModel(cfg, rounded, "fp16"), backend="cuda", max_batch_size=64, max_seq_len=1024,
-                         batch_invariant=args.invariant)
+    engine = new_engine(cfg, rounded, invariant=args.invariant)
     note("the run's engine (64 rows)")
     policy = Policy.from_weights(cfg, host, device="cuda")
     note("the trainer's masters")
@@ -84,12 +91,9 @@ def main() -> None:
     note("the sync telemetry")
     sync_weights(engine, policy)
     note("a sync")
-    rng = np.random.default_rng(0)
-    reqs = [Request(i, rng.integers(0, 1000, 150).tolist(), max_new_tokens=384, temperature=1.0, seed=i)
-            for i in range(64)]
-    engine.generate(reqs)
+    rollouts(engine, np.random.default_rng(0))
     note("64 rollouts of up to 384 tokens")
-    evals = make_engine(EngineModel(cfg, rounded, "fp16"), backend="cuda", max_batch_size=64, max_seq_len=1024)
+    evals = new_engine(cfg, rounded)
     note("the eval's engine")
     del evals, engine, telemetry
     note("both engines and the telemetry dropped")
