@@ -45,16 +45,16 @@ def test_the_15b_profile_is_the_local_study_on_the_larger_model():
     rule beside an eval, never beside another large rule, but for the two trainings, which
     recompute their layers in the backward to fit together: train.gradient_checkpointing, the
     ablations' measured without it; and ablate_fix_run beside the colocated training since its
-    runs' memory goes with each run, and ablate_decompose beside either training with one gradient
-    a pass: ablate.gradients_at_once) and the ablations' answers a pass (8: their fp32 passes of
-    64 at 1.5B are not planned in memory)."""
+    runs' memory goes with each run, and ablate_decompose beside either training with one sharing
+    set of gradients a pass: ablate.gradients_at_once) and the ablations' answers a pass (8: their
+    fp32 passes of 64 at 1.5B are not planned in memory)."""
     small, big = (cfgmod.load(ROOT / "config" / p) for p in ("local.yaml", "local-1.5b.yaml"))
     assert big["model"]["path"].endswith("qwen2.5-coder-1.5b-instruct.gguf")
     assert (small["train"]["keep_checkpoints"], big["train"]["keep_checkpoints"]) == (2, 0)
     large = ("train_colocated", "train_split", "verify", "ablate_decompose", "ablate_gradient_run", "ablate_fix_run")
     trainings = {"train_colocated", "train_split"}
     pairs = [trainings, {"train_colocated", "ablate_fix_run"},  # the fix runs' one job beside the smaller training
-             {"train_colocated", "ablate_decompose"}, {"train_split", "ablate_decompose"}]  # one gradient a pass
+             {"train_colocated", "ablate_decompose"}, {"train_split", "ablate_decompose"}]  # one sharing set a pass
     total, mem = 140, big["gpu_memory_gib"]  # an H200's GiB
     for i, a in enumerate(large):
         for b in large[i + 1:]:

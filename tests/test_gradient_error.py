@@ -24,10 +24,12 @@ from ratchet.mismatch.decompose import along_updates
 from ratchet.mismatch.gradient import (
     GRADIENT_VARIANTS,
     SEED_OFFSET,
+    SHARING_SETS,
     batch_gradient,
     batch_rows,
     compare_gradients,
     fresh_groups,
+    gradient_passes,
     variant_config,
 )
 from ratchet.rl.runtime import Laps
@@ -196,7 +198,8 @@ def test_variants_of_one_forward_share_it_and_each_gets_its_own_bits(tiny, setti
         shared = variant_gradients(traj.policy, groups, tiny.task, cfgs, engine, counts=counts)
         micro_batches = len(range(0, int(shared[0][1].mask.shape[0]), 3))
         assert micro_batches > 1
-        assert counts == {"losses": len(names) * micro_batches, "backwards": backwards * micro_batches}
+        assert counts == {"forwards": micro_batches, "losses": len(names) * micro_batches,
+                          "backwards": backwards * micro_batches}
         for (grads, exp), cfg, name in zip(shared, cfgs, names):
             plain, plain_exp = loss_backward_gradient(traj.policy, groups, tiny.task, cfg, engine)
             assert all(torch.equal(bits(a), bits(b)) for a, b in zip(grads, plain)), name
@@ -375,9 +378,9 @@ def test_compare_gradients_in_place_gives_the_bits_of_the_four_temporaries_and_l
 
 @pytest.mark.parametrize("at_once", [1, 2])
 def test_fewer_gradients_at_once_give_the_same_rows(tiny, settings, frame, at_once):
-    """ablate.gradients_at_once splits a forward's remedies over passes of their own (a forward
-    each, the reference's gradient held throughout): the rows are the bits of all at once, and
-    the passes more (the backwards' sharing within a pass only)."""
+    """ablate.gradients_at_once splits a forward's sharing sets over passes of their own (a
+    forward each, the reference's gradient held throughout): the rows are the bits of all at
+    once, a micro-batch's forward runs once a pass, and a set's pair still shares its backward."""
     counts: dict = {}
     split = along_updates(tiny, dataclasses.replace(settings, gradients_at_once=at_once), visibility_updates=0,
                           measure_at=(), gradient_at=settings.gradient_updates, gradient_counts=counts)[2]
@@ -386,7 +389,37 @@ def test_fewer_gradients_at_once_give_the_same_rows(tiny, settings, frame, at_on
     along_updates(tiny, settings, visibility_updates=0, measure_at=(), gradient_at=settings.gradient_updates,
                   gradient_counts=together)
     assert counts["losses"] == together["losses"]  # every variant's loss, a micro-batch at a time
-    # variants whose gradients agree share a backward only within a pass: all of them at once
-    # share most, one a pass none
-    assert together["backwards"] < counts["backwards"] <= counts["losses"]
-    assert (counts["backwards"] == counts["losses"]) == (at_once == 1)
+    cfgs = {v: variant_config(settings, v, "fp16") for v in GRADIENT_VARIANTS}
+    forwards = len(gradient_passes(cfgs, None))  # the forwards a batch: the masters', the rounded
+    assert forwards == 2 and len(gradient_passes(cfgs, 1)) == len(SHARING_SETS)
+    micro_batches = together["forwards"] // forwards  # over every batch of the run
+    assert counts["forwards"] == micro_batches * len(gradient_passes(cfgs, at_once)) > together["forwards"]
+    # in the tiny run only the sets' pairs agree (MIS keeps every token, the exact fix's ratio is
+    # 1): a pass holds whole sets, so the split loses none of the sharing
+    assert together["backwards"] == counts["backwards"] < counts["losses"]
+
+
+def test_the_passes_take_whole_sharing_sets_the_reference_first(settings):
+    """gradient_passes: per forward (the reference's first) its sharing sets in order, at most
+    `at_once` of them a pass. None: a forward's all in one pass (the forwards and backwards of
+    before the sets: the sharing classes come first seen, the reference's first)."""
+    cfgs = {v: variant_config(settings, v, "bf16") for v in GRADIENT_VARIANTS}
+    assert gradient_passes(cfgs, 1) == [["reference", "mis"], ["engine_old"], ["tis"], ["fix", "exact"]]
+    assert gradient_passes(cfgs, 2) == [["reference", "mis", "engine_old"], ["tis"], ["fix", "exact"]]
+    assert gradient_passes(cfgs, None) == gradient_passes(cfgs, 3) == \
+        [["reference", "mis", "engine_old", "tis"], ["fix", "exact"]]
+    # whatever the sets' order, the reference's set goes first and the reference first in it
+    assert gradient_passes(cfgs, 1, (("engine_old",), ("fix", "exact"), ("mis", "reference"), ("tis",)))[0] == \
+        ["reference", "mis"]
+
+
+@pytest.mark.parametrize("sets, match", [
+    ((("reference", "mis"), ("engine_old",), ("tsi",), ("fix", "exact")), "do not hold each of the variants"),
+    ((("reference", "mis"), ("engine_old",), ("fix", "exact")), "do not hold each of the variants"),
+    ((("reference", "mis"), ("engine_old", "mis"), ("tis",), ("fix", "exact")), "do not hold each of the variants"),
+    ((("reference", "mis"), ("engine_old", "fix"), ("tis",), ("exact",)), r"spans 2 forwards"),
+])
+def test_a_sharing_set_typo_a_missing_variant_or_two_forwards_are_one_clear_error(settings, sets, match):
+    cfgs = {v: variant_config(settings, v, "bf16") for v in GRADIENT_VARIANTS}
+    with pytest.raises(ValueError, match=match):
+        gradient_passes(cfgs, 1, sets)

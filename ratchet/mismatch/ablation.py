@@ -61,7 +61,7 @@ class AblateSettings:
     micro_batch_size: int
     micro_batch_tokens: int | None  # None: train.micro_batch_tokens
     gradient_checkpointing: bool | None  # None: train.gradient_checkpointing
-    gradients_at_once: int | None  # gradient.batch_rows: remedies a pass (None: a forward's all)
+    gradients_at_once: int | None  # gradient.batch_rows: SHARING_SETS a pass (None: a forward's all)
     compute_dtype: str  # the runs' trainer arithmetic (ablate.compute_dtype, not train's)
     updates_compute_dtype: str | None  # ablate_decompose's run (None: compute_dtype)
     max_steps_per_update: int

@@ -31,6 +31,14 @@ GRADIENT_VARIANTS: dict[str, tuple[str, dict]] = {
     # sampling-time log-probs, as engine_old, and now they are the trainer's own
     "exact": ("exact", {"old_logprobs": "engine"}),
 }
+# the variants whose gradients usually agree bit for bit, and then share one backward and one
+# held gradient (variant_gradients): batch_rows' passes take whole sets (gradient_passes).
+# (reference, mis): MIS masks only tokens whose ratio leaves [mis_low, mis_high], and at the gaps
+# measured none does (the 1.5B record's mis rel_diff is 0.0), so its loss is the reference's.
+# (fix, exact): both ratios are 1 at their own forward's values (the fix's old log-probs are its
+# own; the exact fix's values and old log-probs are both the engine's), so their losses agree.
+# Where a pair's gradients differ, its pass holds one more gradient for that batch: the same bits.
+SHARING_SETS: tuple[tuple[str, ...], ...] = (("reference", "mis"), ("engine_old",), ("tis",), ("fix", "exact"))
 SEED_OFFSET = 1000  # the fresh batch after u updates: Rollouts seed = seed + SEED_OFFSET + u
 
 
@@ -77,8 +85,8 @@ def variant_gradients(policy, groups: list, task, cfgs: list[GRPOConfig], engine
     below them: the same saved tensors, kernels and upstream bits as a forward and backward of
     their own, so each gradient is the bits of `loss.backward()` alone
     (tests/test_gradient_error.py). The parameters' .grad are left as found. `laps`
-    (runtime.Laps): the engine's scoring apart; `counts`, where given, gets "backwards" and
-    "losses" added (how many passes the sharing saved)."""
+    (runtime.Laps): the engine's scoring apart; `counts`, where given, gets "forwards" (a
+    micro-batch's), "backwards" and "losses" added (how many passes the sharing saved)."""
     from ratchet.rl.experience import make_experience
     from ratchet.rl.update import exact_values, scoring_loss, trainer_forwards
 
@@ -117,6 +125,7 @@ def variant_gradients(policy, groups: list, task, cfgs: list[GRPOConfig], engine
                 torch.autograd.backward(lp, up, retain_graph=k < len(jobs) - 1)
                 shared.append((same, [p.grad for p in params]))
             if counts is not None:
+                counts["forwards"] = counts.get("forwards", 0) + 1
                 counts["backwards"] = counts.get("backwards", 0) + len(jobs)
                 counts["losses"] = counts.get("losses", 0) + len(cfgs)
         held = {i: grads for members, grads in shared for i in members}
@@ -172,20 +181,37 @@ def compare_gradients(grads: list[torch.Tensor], ref: list[torch.Tensor]) -> dic
             "norm": math.sqrt(sq), "ref_norm": math.sqrt(ref_sq)}
 
 
+def gradient_passes(cfgs: dict[str, GRPOConfig], at_once: int | None,
+                    sets: tuple[tuple[str, ...], ...] = SHARING_SETS) -> list[list[str]]:
+    """batch_rows' passes, the variants of each: per forward (the reference's first), its
+    sharing sets in `sets`' order, at most `at_once` sets a pass (None: all of a forward's),
+    the reference first of all (its gradient is what every other is compared with). A set's
+    variants must share a forward (forward_key, which the dtypes decide) to share a backward."""
+    named = [v for s in sets for v in s]
+    if sorted(named) != sorted(cfgs):
+        raise ValueError(f"the sharing sets {sets} do not hold each of the variants {tuple(cfgs)} once")
+    by_forward: dict[tuple, list[list[str]]] = {}
+    for s in sorted(sets, key=lambda s: "reference" not in s):
+        keys = {forward_key(cfgs[v]) for v in s}
+        if len(keys) != 1:
+            raise ValueError(f"the sharing set {s} spans {len(keys)} forwards: its variants cannot share a backward")
+        by_forward.setdefault(keys.pop(), []).append(sorted(s, key=lambda v: v != "reference"))
+    return [[v for s in group[i:i + (at_once or len(group))] for v in s]
+            for group in by_forward.values() for i in range(0, len(group), at_once or len(group))]
+
+
 def batch_rows(policy, engine, groups: list, task, settings: AblateSettings, laps=None,
                counts: dict | None = None) -> list[dict]:
     """Every variant's gradient of the same batch against the reference's: one row each. The
     variants of one forward (the reference's four on the fp32 masters; the fix and the exact fix
     on the rounded ones) share it (variant_gradients), the reference's first, at most
-    `settings.gradients_at_once` of them a pass (each further pass its own forward, the
-    reference's gradient held throughout: the same bits, fewer gradients held at once)."""
+    `settings.gradients_at_once` of their SHARING_SETS a pass (gradient_passes; each further pass
+    its own forward, the reference's gradient held throughout: the same bits, fewer gradients
+    held at once). A set travels whole since its variants usually share one backward and one
+    gradient: at 1 a batch takes four forwards and, where the pairs agree, four backwards."""
     dtype = engine.dtype
     cfgs = {v: variant_config(settings, v, dtype) for v in GRADIENT_VARIANTS}
-    by_forward: dict[tuple, list[str]] = {}
-    for v in sorted(GRADIENT_VARIANTS, key=lambda v: v != "reference"):
-        by_forward.setdefault(forward_key(cfgs[v]), []).append(v)
-    at_once = settings.gradients_at_once or len(GRADIENT_VARIANTS)
-    passes = [names[i:i + at_once] for names in by_forward.values() for i in range(0, len(names), at_once)]
+    passes = gradient_passes(cfgs, settings.gradients_at_once)
     found, ref = {}, None
     for names in passes:
         for v, (grads, exp) in zip(names, variant_gradients(policy, groups, task, [cfgs[v] for v in names],
