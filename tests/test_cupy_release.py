@@ -1,6 +1,6 @@
 """CuPy's pool hands a finished ablation run's blocks back to the driver (gpu_memory.
 release_cupy_cache) and the allocator report keeps the pool's most from before the release;
-ablate_fix's runs in one process release after each run."""
+ablate_fix's runs in one process release after each run, and verify after each mode."""
 
 from __future__ import annotations
 
@@ -64,6 +64,35 @@ def test_the_fix_runs_release_the_pool_after_each_run(monkeypatch):
     steps, runs = fix.fix_runs(None, types.SimpleNamespace(fix_runs=("none", "fix", "exact")))
     assert events == ["run none", "release", "run fix", "release", "run exact", "release"]
     assert list(runs["run"]) == ["none", "fix", "exact"] and list(steps["run"]) == ["none", "fix", "exact"]
+
+
+def test_verify_releases_the_pool_after_each_mode(monkeypatch, tmp_path):
+    """verify reruns both modes in one process: the pool hands the first mode's blocks back
+    before the second starts, and after it, with the verdicts as before."""
+    import json
+
+    from ratchet.stages import verify as verify_stage
+
+    events = []
+    trace = pd.DataFrame({"step": [0, 1], **{q: ["0x1p+0", "0x1p+1"] for q in verify_stage.QUANTITIES}})
+    paths = types.SimpleNamespace(verify_dir=tmp_path / "verify", verify_json=tmp_path / "verify.json",
+                                  train_trace=lambda mode: tmp_path / f"{mode}.parquet")
+    for mode in verify_stage.MODES:
+        trace.to_parquet(paths.train_trace(mode))
+
+    def rerun(out, mode):
+        events.append(f"run {mode}")
+        out.mkdir(parents=True)
+        trace.to_parquet(out / "trace.parquet")
+
+    monkeypatch.setattr(verify_stage, "RunPaths", types.SimpleNamespace(from_config=lambda cfg: paths))
+    monkeypatch.setattr(verify_stage, "make_job", lambda cfg, mode, out_dir, **kw: out_dir)
+    monkeypatch.setattr(verify_stage, "run_mode", rerun)
+    monkeypatch.setattr(gpu_memory, "release_cupy_cache", lambda: events.append("release"))
+    run = types.SimpleNamespace(log_metrics=lambda m: None, set_tags=lambda t: None, log_output=lambda p: None)
+    verify_stage.verify({"train": {"verify_steps": 2, "steps": 5}}, run)
+    assert events == [e for mode in verify_stage.MODES for e in (f"run {mode}", "release")]
+    assert json.loads(paths.verify_json.read_text())["identical"] is True
 
 
 @pytest.mark.gpu

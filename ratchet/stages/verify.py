@@ -46,6 +46,12 @@ def trace_divergence(trace: pd.DataFrame, reference: pd.DataFrame) -> str:
 
 
 def verify(cfg: dict, run) -> None:
+    """Both modes' reruns in one process, one after the other: each mode's engines go with it,
+    and CuPy's pool hands their blocks back before the next mode starts (as ablate_fix's runs
+    do), so the second mode's trainer can take what the first mode's engines held (torch
+    cannot use the blocks CuPy's pool keeps)."""
+    from ratchet.gpu_memory import release_cupy_cache
+
     paths = RunPaths.from_config(cfg)
     n = min(cfg["train"]["verify_steps"], cfg["train"]["steps"])
     report = {"verify_steps": n}
@@ -56,6 +62,7 @@ def verify(cfg: dict, run) -> None:
         job = make_job(cfg, mode, out_dir=out, steps=n, eval_every=0, checkpoints=False,
                        save_model=False, resume=False)
         run_mode(job, mode)
+        release_cupy_cache()
         reference = pd.read_parquet(paths.train_trace(mode))
         result = compare_traces(reference[reference["step"] < n], pd.read_parquet(out / "trace.parquet"))
         report[mode] = result
