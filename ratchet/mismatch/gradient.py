@@ -31,13 +31,15 @@ GRADIENT_VARIANTS: dict[str, tuple[str, dict]] = {
     # sampling-time log-probs, as engine_old, and now they are the trainer's own
     "exact": ("exact", {"old_logprobs": "engine"}),
 }
-# the variants whose gradients usually agree bit for bit, and then share one backward and one
-# held gradient (variant_gradients): batch_rows' passes take whole sets (gradient_passes).
-# (reference, mis): MIS masks only tokens whose ratio leaves [mis_low, mis_high], and at the gaps
-# measured none does (the 1.5B record's mis rel_diff is 0.0), so its loss is the reference's.
-# (fix, exact): both ratios are 1 at their own forward's values (the fix's old log-probs are its
-# own; the exact fix's values and old log-probs are both the engine's), so their losses agree.
-# Where a pair's gradients differ, its pass holds one more gradient for that batch: the same bits.
+# the variants whose gradients can agree bit for bit, and then share one backward (a micro-batch
+# at a time) and one held gradient (variant_gradients): batch_rows' passes take whole sets
+# (gradient_passes). (reference, mis): MIS masks only tokens whose ratio leaves [mis_low,
+# mis_high], and a micro-batch where none does gives the reference's loss (at 1.5B every
+# micro-batch of 4 of the 10 batches: after 0 and 30 updates); where they part, the first pass
+# builds two gradients, as every later pass holds the reference's and one more. (fix, exact): both
+# ratios are 1 at their own forward's values (the fix's old log-probs are its own; the exact fix's
+# values and old log-probs are both the engine's), so their losses agree; were they to part, their
+# pass would hold one more gradient for that batch. The same bits either way.
 SHARING_SETS: tuple[tuple[str, ...], ...] = (("reference", "mis"), ("engine_old",), ("tis",), ("fix", "exact"))
 SEED_OFFSET = 1000  # the fresh batch after u updates: Rollouts seed = seed + SEED_OFFSET + u
 
@@ -207,8 +209,8 @@ def batch_rows(policy, engine, groups: list, task, settings: AblateSettings, lap
     on the rounded ones) share it (variant_gradients), the reference's first, at most
     `settings.gradients_at_once` of their SHARING_SETS a pass (gradient_passes; each further pass
     its own forward, the reference's gradient held throughout: the same bits, fewer gradients
-    held at once). A set travels whole since its variants usually share one backward and one
-    gradient: at 1 a batch takes four forwards and, where the pairs agree, four backwards."""
+    held at once). A set travels whole since its variants can share one backward and one
+    gradient: at 1 a batch takes four forwards (six a variant a pass) and four to six backwards."""
     dtype = engine.dtype
     cfgs = {v: variant_config(settings, v, dtype) for v in GRADIENT_VARIANTS}
     passes = gradient_passes(cfgs, settings.gradients_at_once)
