@@ -101,8 +101,8 @@ def release_cupy_cache() -> None:
     keeps them for a later allocation of the same size, but the next ablation run's engines do
     not reuse them all: at 1.5B ablate_fix's pool reached 25 GiB where one run's engines and
     sync telemetry hold 14, and a job beside it on the GPU loses what the pool keeps (verify's
-    two modes in one process likewise). The pool's
-    most is remembered for gpu_highs_gib. A no-op where CuPy is not imported or has no CUDA."""
+    two modes in one process likewise). The pool's most is remembered for gpu_highs_gib. A no-op
+    where CuPy is not imported or has no CUDA."""
     global _cupy_pool_high
     cupy = sys.modules.get("cupy")
     if cupy is None:

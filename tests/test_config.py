@@ -45,9 +45,9 @@ def test_the_15b_profile_is_the_local_study_on_the_larger_model():
     rule beside an eval, never beside another large rule, but for the two trainings, which
     recompute their layers in the backward to fit together: train.gradient_checkpointing, the
     ablations' measured without it; and ablate_fix_run beside either training since its runs'
-    memory goes with each run, CuPy's cached blocks included, and ablate_decompose beside either training with one sharing
-    set of gradients a pass: ablate.gradients_at_once) and the ablations' answers a pass (8: their
-    fp32 passes of 64 at 1.5B are not planned in memory)."""
+    memory goes with each run, CuPy's cached blocks included, and ablate_decompose beside either
+    training with one sharing set of gradients a pass: ablate.gradients_at_once) and the
+    ablations' answers a pass (8: their fp32 passes of 64 at 1.5B are not planned in memory)."""
     small, big = (cfgmod.load(ROOT / "config" / p) for p in ("local.yaml", "local-1.5b.yaml"))
     assert big["model"]["path"].endswith("qwen2.5-coder-1.5b-instruct.gguf")
     assert (small["train"]["keep_checkpoints"], big["train"]["keep_checkpoints"]) == (2, 0)
@@ -87,15 +87,15 @@ def _started(ready: dict[str, int], running: set[str], mem: dict, total: int = 1
     the set whose priorities sum highest that fits the GPU's GiB (its objective's first term;
     a tie fails the caller, whose order would then be the solver's)."""
     free = total - sum(mem[r] for r in running)
-    best, ties = set(), []
+    best, best_score, ties = set(), 0, []
     for mask in range(1, 1 << len(ready)):
         chosen = {r for i, r in enumerate(ready) if mask >> i & 1}
         if sum(mem[r] for r in chosen) > free:
             continue
         score = sum(ready[r] for r in chosen)
-        if score > sum(ready[r] for r in best):
-            best, ties = chosen, []
-        elif best and score == sum(ready[r] for r in best):
+        if score > best_score:
+            best, best_score, ties = chosen, score, []
+        elif best and score == best_score:
             ties.append(chosen)
     assert not ties, (best, ties)
     return best

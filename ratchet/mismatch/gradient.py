@@ -198,8 +198,11 @@ def gradient_passes(cfgs: dict[str, GRPOConfig], at_once: int | None,
         if len(keys) != 1:
             raise ValueError(f"the sharing set {s} spans {len(keys)} forwards: its variants cannot share a backward")
         by_forward.setdefault(keys.pop(), []).append(sorted(s, key=lambda v: v != "reference"))
-    return [[v for s in group[i:i + (at_once or len(group))] for v in s]
-            for group in by_forward.values() for i in range(0, len(group), at_once or len(group))]
+    passes = []
+    for group in by_forward.values():
+        size = at_once or len(group)
+        passes += [[v for s in group[i:i + size] for v in s] for i in range(0, len(group), size)]
+    return passes
 
 
 def batch_rows(policy, engine, groups: list, task, settings: AblateSettings, laps=None,
