@@ -223,6 +223,7 @@ class Trajectory:
         from ratchet.rl.telemetry import after_sync
         from ratchet.rl.update import grpo_step
 
+        self.restore_engine()
         groups, _ = self.rollouts.collect(self.engine, self.step, version=self.step)
         if laps is not None:
             laps(f"{phase}: rollouts")
@@ -236,6 +237,21 @@ class Trajectory:
         self.step += 1
         self.updates += metrics["train/num_updates"] > 0
         return metrics
+
+    def release_engine(self) -> None:
+        """Drop the engine, and its GPU memory with it, until the next step: a measurement that
+        never samples from it (ablate_decompose's gradient passes) runs without it."""
+        self.engine = None
+
+    def restore_engine(self) -> None:
+        """The engine as it was, where released: made again on the converted weights and, once a
+        step has synced it, synced from the masters (every step ends with that sync)."""
+        from ratchet.rl.sync import sync_weights
+
+        if self.engine is None:
+            self.engine = self.setup.engine(self.cfg.engine_dtype)
+            if self.step:
+                sync_weights(self.engine, self.policy)
 
     def advance_to(self, updates: int, max_steps_per_update: int = 20, laps=None,
                    phase: str = "GRPO updates") -> None:

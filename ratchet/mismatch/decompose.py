@@ -12,9 +12,11 @@ import pandas as pd
 
 from ratchet.gap import gap_metrics
 from ratchet.mismatch.ablation import AblateSettings, Setup, Trajectory
+from ratchet.mismatch.idle_engines import MeasuringEngines, return_gpu_memory
 from ratchet.mismatch.visibility import first_rows, update_rows
 from ratchet.trainer.parking import parked_state
 
+IDLE_LAP = "idle engines released and made again"  # its Laps phase
 SOURCES = ("weight_rounding", "arithmetic", "engine_kernels", "total", "fixed", "exact")
 # source -> (reference, against); a side is "engine" or (weight_dtype, compute_dtype), "E" = the engine's
 PAIRS = {
@@ -79,7 +81,8 @@ def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibili
                   backends: tuple[str, ...] | None = None,
                   gradient_at: tuple[int, ...] = (), log_gradient=None, laps=None,
                   gradient_dtypes: tuple[str, ...] | None = None, log_update=None, log_measured=None,
-                  gradient_counts: dict | None = None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+                  gradient_counts: dict | None = None,
+                  release_idle_engines: bool | None = None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(decomposition, visibility, gradient) along one plain GRPO run: every update up to
     `visibility_updates` is counted as it happens, the sources measured after each count in
     `measure_at` (defaults from `settings`; 0 and () for none) and the remedies' gradients
@@ -91,7 +94,9 @@ def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibili
     where the time goes, by phase. `log_update(u)`: update u is done, its measurements to come;
     `log_measured(u)`: every measurement after update u is done (only where there were some),
     said before the last of their logs. `gradient_counts`: the gradients' losses and backwards
-    (gradient.variant_gradients' counts)."""
+    (gradient.variant_gradients' counts). `release_idle_engines` (None: on a CUDA setup): each
+    dtype's gradients run with the other engines, the trajectory's too, dropped and their
+    memory returned (idle_engines.py), made again when next used."""
     from ratchet.mismatch.gradient import gradient_rows
     from ratchet.rl.runtime import Laps
 
@@ -106,19 +111,24 @@ def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibili
     traj = Trajectory(setup, dataclasses.replace(
         run_cfg, compute_dtype=settings.updates_compute_dtype or run_cfg.compute_dtype))
     tagged = backends is not None
-    engines = {(backend, dtype): setup.engine(dtype, backend=backend)
-               for backend in (backends or (setup.backend,)) for dtype in settings.engine_dtypes} \
-        if measure_at else {}
-    if gradient_at:  # the setup's engine of each dtype: the decomposition's where it has one
-        for dtype in gradient_dtypes:
-            if (setup.backend, dtype) not in engines:
-                engines[(setup.backend, dtype)] = setup.engine(dtype)
+    engines = MeasuringEngines(lambda key: setup.engine(key[1], backend=key[0]))
+    for backend in (backends or (setup.backend,)) if measure_at else ():
+        for dtype in settings.engine_dtypes:
+            engines.add((backend, dtype))
+    for dtype in gradient_dtypes if gradient_at else ():  # the setup's engine of each dtype
+        engines.add((setup.backend, dtype))
+    engines.make_all()  # as the run starts: "trainer and engines"
+    if release_idle_engines is None:
+        release_idle_engines = setup.backend == "cuda"
     decompose_rows, visibility_rows, gradient_rows_ = [], [], []
     laps("trainer and engines")
     for update in range(max((*measure_at, *gradient_at, visibility_updates)) + 1):
         counted = visibility_updates and update <= visibility_updates
         # the masters this update moves from, copied just before it and dropped once it is
         # counted: no copy is held through the sources and the gradients (7 GB at 1.5B each)
+        if release_idle_engines and traj.updates < update:  # steps to come sample from it
+            traj.restore_engine()
+            laps(IDLE_LAP)
         before = traj.masters() if counted and update > 0 else None
         if before is not None:
             laps("visibility")
@@ -140,6 +150,9 @@ def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibili
             if parked:  # (a CPU trainer's state stays where it is)
                 laps("AdamW state parked on the host")
             if update in measure_at:
+                if release_idle_engines:
+                    engines.make_all()
+                    laps(IDLE_LAP)
                 found = []
                 for (backend, dtype), engine in engines.items():
                     found += [{"updates": update, "steps": traj.step, **({"backend": backend} if tagged else {}), **r}
@@ -155,8 +168,14 @@ def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibili
                 laps("sources")
             if update in gradient_at:
                 for dtype in gradient_dtypes:
-                    found = gradient_rows(traj, engines[(setup.backend, dtype)], setup.task, settings, update, laps,
-                                          gradient_counts)
+                    if release_idle_engines:  # the passes sample from none; this dtype's engine scores
+                        engines.release(keep=[(setup.backend, dtype)])
+                        traj.release_engine()
+                        return_gpu_memory()
+                    engine = engines[(setup.backend, dtype)]  # made again where released
+                    if release_idle_engines:
+                        laps(IDLE_LAP)
+                    found = gradient_rows(traj, engine, setup.task, settings, update, laps, gradient_counts)
                     gradient_rows_ += found
                     if log_measured is not None and dtype == gradient_dtypes[-1]:
                         log_measured(update)

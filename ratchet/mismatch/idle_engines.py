@@ -1,0 +1,61 @@
+"""The measuring engines of one ablation run, each made when first wanted and, where GPU memory
+is what limits the run, dropped while the trainer's gradient passes run, which sample from none
+of them: at 1.5B ablate_decompose holds three batch-invariant engines of ~5 GiB through the
+passes that are its peak. Every use syncs an engine from the masters first, so one made again
+is the one dropped: the converted weights, the same rows, buckets and dtype."""
+
+from __future__ import annotations
+
+import gc
+from typing import Callable, Hashable, Iterable
+
+
+class MeasuringEngines:
+    """key -> engine, made by `make(key)` on first use and again after `release`."""
+
+    def __init__(self, make: Callable[[Hashable], object], keys: Iterable[Hashable] = ()):
+        self._make = make
+        self._held: dict = dict.fromkeys(keys)  # None: not made yet, or released
+        self._released: set = set()
+        self.remade = 0  # engines made again after a release: what the lever costs
+
+    def add(self, key: Hashable) -> None:
+        self._held.setdefault(key, None)
+
+    def keys(self) -> list:
+        return list(self._held)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._held
+
+    def __getitem__(self, key: Hashable):
+        if self._held[key] is None:
+            self._held[key] = self._make(key)
+            if key in self._released:
+                self._released.discard(key)
+                self.remade += 1
+        return self._held[key]
+
+    def make_all(self) -> None:
+        for key in self._held:
+            self[key]
+
+    def items(self) -> list[tuple]:
+        return [(key, self[key]) for key in self._held]
+
+    def release(self, keep: Iterable[Hashable] = ()) -> None:
+        """Drop every engine but those of `keep`; made again on their next use."""
+        keep = set(keep)
+        for key, engine in self._held.items():
+            if key not in keep and engine is not None:
+                self._held[key] = None
+                self._released.add(key)
+
+
+def return_gpu_memory() -> None:
+    """What dropped engines held, back to the driver: their arrays are freed once unreferenced
+    (gc for any cycle), and CuPy's pool keeps the blocks unless told (gpu_memory)."""
+    from ratchet.gpu_memory import release_cupy_cache
+
+    gc.collect()
+    release_cupy_cache()

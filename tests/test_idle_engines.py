@@ -1,0 +1,86 @@
+"""Engines released during the gradient passes (idle_engines.py): the three studies' rows are
+the bits of a run that keeps every engine, the released engines are made again only where
+used, and MeasuringEngines makes each on first use."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from configured import ablate_settings
+from tiny_setup import tiny_setup
+
+from ratchet.mismatch.ablation import Setup
+from ratchet.mismatch.decompose import IDLE_LAP, along_updates
+from ratchet.mismatch.idle_engines import MeasuringEngines
+from ratchet.rl.runtime import Laps
+
+SETTINGS = dict(updates=(0, 3), gradient_updates=(0, 1, 3), num_rollouts=8, max_new_tokens=4,
+                problems_per_step=4, group_size=8, lr=1e-6, engine_dtypes=("fp16", "bf16"),
+                visibility_updates=3, max_steps_per_update=30, seed=0, engine_dtype="fp16",
+                micro_batch_size=5)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    setup = tiny_setup(tmp_path_factory.mktemp("tiny"), num_measure=SETTINGS["num_rollouts"])
+    yield setup
+    torch.set_num_threads(threads)
+
+
+def test_released_engines_give_the_same_rows(tiny, monkeypatch):
+    """Each dtype's passes run with the other engines and the trajectory's dropped: the
+    decomposition, the visibility and the gradients are the bits of the run that holds them all,
+    and the engines dropped are made again where next used (the trajectory's once a step follows,
+    on the converted weights before the first step, synced after)."""
+    settings = ablate_settings(**SETTINGS)
+    kept = along_updates(tiny, settings, gradient_at=settings.gradient_updates, release_idle_engines=False)
+    made = []
+    engine = Setup.engine
+
+    def counted(self, dtype, *args, **kwargs):
+        made.append(dtype)
+        return engine(self, dtype, *args, **kwargs)
+
+    monkeypatch.setattr(Setup, "engine", counted)
+    laps = Laps()
+    released = along_updates(tiny, settings, gradient_at=settings.gradient_updates, laps=laps,
+                             release_idle_engines=True)
+    for a, b in zip(kept, released):
+        assert a.equals(b) and len(a)
+    assert IDLE_LAP in laps.laps
+    # at the start: the trajectory's (fp16) and one a dtype; then after each of the gradient points
+    # 0, 1 and 3: bf16's passes need it back (fp16's dropped), and the trajectory's for the steps
+    # to update 1 and 3, fp16's for update 1's gradients, both for update 3's sources
+    assert made[:3] == ["fp16", "fp16", "bf16"]
+    assert sorted(made[3:]) == sorted(["bf16", "fp16", "fp16",  # after 0: bf16's passes, the steps, 1's fp16
+                                       "bf16", "fp16",  # after 1: bf16's passes, the steps to 3
+                                       "fp16",  # update 3's sources: fp16 (bf16 is held)
+                                       "bf16"])  # update 3's bf16 passes
+
+
+def test_the_default_releases_only_on_a_cuda_setup(tiny, monkeypatch):
+    """None: off on the NumPy engine (host memory is not what limits it), so no engine is made again."""
+    settings = ablate_settings(**{**SETTINGS, "updates": (0,), "gradient_updates": (0, 1)})
+    laps = Laps()
+    along_updates(tiny, settings, visibility_updates=0, gradient_at=settings.gradient_updates, laps=laps)
+    assert IDLE_LAP not in laps.laps
+
+
+def test_measuring_engines_are_made_on_first_use_and_again_after_release():
+    made = []
+    engines = MeasuringEngines(lambda key: made.append(key) or object(), ["a", "b"])
+    assert made == [] and engines.keys() == ["a", "b"] and "a" in engines
+    first = engines["a"]
+    assert engines["a"] is first and made == ["a"]
+    engines.make_all()
+    assert made == ["a", "b"] and engines.remade == 0
+    engines.release(keep=["b"])
+    assert made == ["a", "b"]  # nothing is made by a release
+    assert engines["b"] is not None and made == ["a", "b"]
+    assert engines["a"] is not first and made == ["a", "b", "a"] and engines.remade == 1
+    engines.add("c")
+    assert [k for k, _ in engines.items()] == ["a", "b", "c"] and made[-1] == "c" and engines.remade == 1
