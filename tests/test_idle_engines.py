@@ -84,3 +84,27 @@ def test_measuring_engines_are_made_on_first_use_and_again_after_release():
     assert engines["a"] is not first and made == ["a", "b", "a"] and engines.remade == 1
     engines.add("c")
     assert [k for k, _ in engines.items()] == ["a", "b", "c"] and made[-1] == "c" and engines.remade == 1
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_the_passes_run_without_the_idle_engines(tiny):
+    """On CUDA (the default there): the same rows as a run that holds every engine, and CuPy's
+    pool holds less once a dtype's gradients are done (its engine alone, the others returned)."""
+    import cupy
+
+    cuda = dataclasses.replace(tiny, backend="cuda", device="cuda")
+    settings = ablate_settings(**SETTINGS)
+    pool = cupy.get_default_memory_pool()
+    held = {}
+
+    def run(release):
+        def log_gradient(dtype, updates, rows):
+            held.setdefault(release, []).append(pool.total_bytes())
+        return along_updates(cuda, settings, gradient_at=settings.gradient_updates, log_gradient=log_gradient,
+                             release_idle_engines=release)
+
+    kept, released = run(False), run(None)
+    for a, b in zip(kept, released):
+        assert a.equals(b) and len(a)
+    assert len(held[None]) == len(held[False]) == 6  # 3 points x 2 dtypes
+    assert all(r < k for r, k in zip(held[None], held[False])), (held[None], held[False])
