@@ -62,6 +62,28 @@ def test_released_engines_give_the_same_rows(tiny, monkeypatch):
                                        "bf16"])  # update 3's bf16 passes
 
 
+def test_a_vllm_engine_beside_it_is_kept(tiny, monkeypatch):
+    """vLLM's measuring engine (ablate_decompose_vllm) is never released: one such engine a
+    process, slow to make; ratchet's own of the other dtype is."""
+    import fake_vllm
+
+    fake_vllm.install(monkeypatch, vocab=tiny.model.cfg.vocab_size)
+    fake_vllm.FakeLLM.instances.clear()
+    settings = ablate_settings(**{**SETTINGS, "updates": (0, 1), "gradient_updates": (0,)})
+    made = []
+    engine = Setup.engine
+
+    def counted(self, dtype, *args, backend=None, **kwargs):
+        made.append((backend or self.backend, dtype))
+        return engine(self, dtype, *args, backend=backend, **kwargs)
+
+    monkeypatch.setattr(Setup, "engine", counted)
+    along_updates(tiny, settings, visibility_updates=0, backends=("numpy", "vllm"),
+                  gradient_at=settings.gradient_updates, release_idle_engines=True)
+    assert made.count(("vllm", "fp16")) == made.count(("vllm", "bf16")) == 1
+    assert made.count(("numpy", "bf16")) == 2  # released through fp16's passes, made again for its own
+
+
 def test_the_default_releases_only_on_a_cuda_setup(tiny, monkeypatch):
     """None: off on the NumPy engine (host memory is not what limits it), so no engine is made again."""
     settings = ablate_settings(**{**SETTINGS, "updates": (0,), "gradient_updates": (0, 1)})

@@ -169,7 +169,8 @@ def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibili
             if update in gradient_at:
                 for dtype in gradient_dtypes:
                     if release_idle_engines:  # the passes sample from none; this dtype's engine scores
-                        engines.release(keep=[(setup.backend, dtype)])
+                        # (another backend's, vLLM's, stays: one such engine a process, slow to make)
+                        engines.release(keep=[k for k in engines.keys() if k[0] != setup.backend or k[1] == dtype])
                         traj.release_engine()
                         return_gpu_memory()
                     engine = engines[(setup.backend, dtype)]  # made again where released
