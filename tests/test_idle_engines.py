@@ -62,6 +62,46 @@ def test_released_engines_give_the_same_rows(tiny, monkeypatch):
                                        "bf16"])  # update 3's bf16 passes
 
 
+def test_a_released_engine_is_gone_when_its_memory_is_returned(tiny, monkeypatch):
+    """A released engine is gone by the time its memory is handed back, not only out of the
+    table: no name keeps it (a loop's variable did in the fortieth session's first 1.5B run,
+    so CuPy's pool kept its blocks through the next dtype's passes), and in the passes only
+    their own engine is alive."""
+    import gc
+    import weakref
+
+    from ratchet.mismatch import decompose, gradient
+
+    settings = ablate_settings(**SETTINGS)
+    made = []
+    engine, batch_rows, return_gpu_memory = Setup.engine, gradient.batch_rows, decompose.return_gpu_memory
+
+    def counted(self, dtype, *args, **kwargs):
+        made.append(weakref.ref(e := engine(self, dtype, *args, **kwargs)))
+        return e
+
+    def alive():
+        gc.collect()
+        return [r() for r in made if r() is not None]
+
+    at_return, checked = [], []
+
+    def returned():
+        at_return[:] = [id(e) for e in alive()]  # (not the engines: a name here would keep them)
+        return_gpu_memory()
+
+    def passes(policy, engine, *args, **kwargs):
+        # when the memory went back, at most this dtype's engine was alive (made again after)
+        checked.append(set(at_return) <= {id(engine)} and [id(e) for e in alive()] == [id(engine)])
+        return batch_rows(policy, engine, *args, **kwargs)
+
+    monkeypatch.setattr(Setup, "engine", counted)
+    monkeypatch.setattr(decompose, "return_gpu_memory", returned)
+    monkeypatch.setattr(gradient, "batch_rows", passes)
+    along_updates(tiny, settings, gradient_at=settings.gradient_updates, release_idle_engines=True)
+    assert checked == [True] * 6  # 3 points x 2 dtypes
+
+
 def test_a_vllm_engine_beside_it_is_kept(tiny, monkeypatch):
     """vLLM's measuring engine (ablate_decompose_vllm) is never released: one such engine a
     process, slow to make; ratchet's own of the other dtype is."""

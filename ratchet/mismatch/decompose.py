@@ -127,6 +127,7 @@ def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibili
         # the masters this update moves from, copied just before it and dropped once it is
         # counted: no copy is held through the sources and the gradients (7 GB at 1.5B each)
         if release_idle_engines and traj.updates < update:  # steps to come sample from it
+            return_gpu_memory()  # the passes' cache first, so the engine takes what they held
             traj.restore_engine()
             laps(IDLE_LAP)
         before = traj.masters() if counted and update > 0 else None
@@ -151,13 +152,14 @@ def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibili
                 laps("AdamW state parked on the host")
             if update in measure_at:
                 if release_idle_engines:
+                    return_gpu_memory()
                     engines.make_all()
                     laps(IDLE_LAP)
                 found = []
-                for (backend, dtype), engine in engines.items():
-                    found += [{"updates": update, "steps": traj.step, **({"backend": backend} if tagged else {}), **r}
+                for key in engines.keys():  # no name holds an engine past its use: a release frees it
+                    found += [{"updates": update, "steps": traj.step, **({"backend": key[0]} if tagged else {}), **r}
                               for r in
-                              measure_sources(traj.policy, engine, setup.measure_prompts,
+                              measure_sources(traj.policy, engines[key], setup.measure_prompts,
                                               settings.max_new_tokens, settings.seed + 1,
                                               settings.temperature, settings.eps, settings.micro_batch_size)]
                 decompose_rows += found
@@ -173,10 +175,10 @@ def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibili
                         engines.release(keep=[k for k in engines.keys() if k[0] != setup.backend or k[1] == dtype])
                         traj.release_engine()
                         return_gpu_memory()
-                    engine = engines[(setup.backend, dtype)]  # made again where released
-                    if release_idle_engines:
+                        engines.make((setup.backend, dtype))
                         laps(IDLE_LAP)
-                    found = gradient_rows(traj, engine, setup.task, settings, update, laps, gradient_counts)
+                    found = gradient_rows(traj, engines[(setup.backend, dtype)], setup.task, settings, update, laps,
+                                          gradient_counts)
                     gradient_rows_ += found
                     if log_measured is not None and dtype == gradient_dtypes[-1]:
                         log_measured(update)

@@ -36,9 +36,13 @@ class MeasuringEngines:
                 self.remade += 1
         return self._held[key]
 
+    def make(self, key: Hashable) -> None:
+        """Made now where released (or not yet made), and held: no name outside keeps it."""
+        self[key]
+
     def make_all(self) -> None:
         for key in self._held:
-            self[key]
+            self.make(key)
 
     def items(self) -> list[tuple]:
         return [(key, self[key]) for key in self._held]
@@ -53,9 +57,16 @@ class MeasuringEngines:
 
 
 def return_gpu_memory() -> None:
-    """What dropped engines held, back to the driver: their arrays are freed once unreferenced
-    (gc for any cycle), and CuPy's pool keeps the blocks unless told (gpu_memory)."""
+    """What dropped engines held, and what torch's allocator keeps cached, back to the driver:
+    an engine's arrays are freed once no name holds it (gc for any cycle), CuPy's pool keeps
+    the blocks unless told (gpu_memory), and torch keeps what the gradient passes took reserved
+    after them: an engine made again would be put on top of it, a peak above the passes' own."""
+    import sys
+
     from ratchet.gpu_memory import release_cupy_cache
 
     gc.collect()
     release_cupy_cache()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
