@@ -31,21 +31,30 @@ def tiny(tmp_path_factory):
     torch.set_num_threads(threads)
 
 
-def test_released_engines_give_the_same_rows(tiny, monkeypatch):
+@pytest.fixture
+def made(monkeypatch):
+    """Every engine the ablation makes, in order: (backend, dtype, a weak reference to it)."""
+    import weakref
+
+    made, engine = [], Setup.engine
+
+    def counted(self, dtype, *args, backend=None, **kwargs):
+        out = engine(self, dtype, *args, backend=backend, **kwargs)
+        made.append((backend or self.backend, dtype, weakref.ref(out)))
+        return out
+
+    monkeypatch.setattr(Setup, "engine", counted)
+    return made
+
+
+def test_released_engines_give_the_same_rows(tiny, made):
     """Each dtype's passes run with the other engines and the trajectory's dropped: the
     decomposition, the visibility and the gradients are the bits of the run that holds them all,
     and the engines dropped are made again where next used (the trajectory's once a step follows,
     on the converted weights before the first step, synced after)."""
     settings = ablate_settings(**SETTINGS)
     kept = along_updates(tiny, settings, gradient_at=settings.gradient_updates, release_idle_engines=False)
-    made = []
-    engine = Setup.engine
-
-    def counted(self, dtype, *args, **kwargs):
-        made.append(dtype)
-        return engine(self, dtype, *args, **kwargs)
-
-    monkeypatch.setattr(Setup, "engine", counted)
+    made.clear()
     laps = Laps()
     released = along_updates(tiny, settings, gradient_at=settings.gradient_updates, laps=laps,
                              release_idle_engines=True)
@@ -55,34 +64,29 @@ def test_released_engines_give_the_same_rows(tiny, monkeypatch):
     # at the start: the trajectory's (fp16) and one a dtype; then after each of the gradient points
     # 0, 1 and 3: bf16's passes need it back (fp16's dropped), and the trajectory's for the steps
     # to update 1 and 3, fp16's for update 1's gradients, both for update 3's sources
-    assert made[:3] == ["fp16", "fp16", "bf16"]
-    assert sorted(made[3:]) == sorted(["bf16", "fp16", "fp16",  # after 0: bf16's passes, the steps, 1's fp16
+    dtypes = [dtype for _, dtype, _ in made]
+    assert dtypes[:3] == ["fp16", "fp16", "bf16"]
+    assert sorted(dtypes[3:]) == sorted(["bf16", "fp16", "fp16",  # after 0: bf16's passes, the steps, 1's fp16
                                        "bf16", "fp16",  # after 1: bf16's passes, the steps to 3
                                        "fp16",  # update 3's sources: fp16 (bf16 is held)
                                        "bf16"])  # update 3's bf16 passes
 
 
-def test_a_released_engine_is_gone_when_its_memory_is_returned(tiny, monkeypatch):
+def test_a_released_engine_is_gone_when_its_memory_is_returned(tiny, made, monkeypatch):
     """A released engine is gone by the time its memory is handed back, not only out of the
     table: no name keeps it (a loop's variable did in the fortieth session's first 1.5B run,
     so CuPy's pool kept its blocks through the next dtype's passes), and in the passes only
     their own engine is alive."""
     import gc
-    import weakref
 
     from ratchet.mismatch import decompose, gradient
 
     settings = ablate_settings(**SETTINGS)
-    made = []
-    engine, batch_rows, return_gpu_memory = Setup.engine, gradient.batch_rows, decompose.return_gpu_memory
-
-    def counted(self, dtype, *args, **kwargs):
-        made.append(weakref.ref(e := engine(self, dtype, *args, **kwargs)))
-        return e
+    batch_rows, return_gpu_memory = gradient.batch_rows, decompose.return_gpu_memory
 
     def alive():
         gc.collect()
-        return [r() for r in made if r() is not None]
+        return [r() for _, _, r in made if r() is not None]
 
     at_return, checked = [], []
 
@@ -95,14 +99,13 @@ def test_a_released_engine_is_gone_when_its_memory_is_returned(tiny, monkeypatch
         checked.append(set(at_return) <= {id(engine)} and [id(e) for e in alive()] == [id(engine)])
         return batch_rows(policy, engine, *args, **kwargs)
 
-    monkeypatch.setattr(Setup, "engine", counted)
     monkeypatch.setattr(decompose, "return_gpu_memory", returned)
     monkeypatch.setattr(gradient, "batch_rows", passes)
     along_updates(tiny, settings, gradient_at=settings.gradient_updates, release_idle_engines=True)
     assert checked == [True] * 6  # 3 points x 2 dtypes
 
 
-def test_a_vllm_engine_beside_it_is_kept(tiny, monkeypatch):
+def test_a_vllm_engine_beside_it_is_kept(tiny, made, monkeypatch):
     """vLLM's measuring engine (ablate_decompose_vllm) is never released: one such engine a
     process, slow to make; ratchet's own of the other dtype is."""
     import fake_vllm
@@ -110,21 +113,14 @@ def test_a_vllm_engine_beside_it_is_kept(tiny, monkeypatch):
     fake_vllm.install(monkeypatch, vocab=tiny.model.cfg.vocab_size)
     fake_vllm.FakeLLM.instances.clear()
     settings = ablate_settings(**{**SETTINGS, "updates": (0, 1), "gradient_updates": (0,)})
-    made = []
-    engine = Setup.engine
-
-    def counted(self, dtype, *args, backend=None, **kwargs):
-        made.append((backend or self.backend, dtype))
-        return engine(self, dtype, *args, backend=backend, **kwargs)
-
-    monkeypatch.setattr(Setup, "engine", counted)
     along_updates(tiny, settings, visibility_updates=0, backends=("numpy", "vllm"),
                   gradient_at=settings.gradient_updates, release_idle_engines=True)
-    assert made.count(("vllm", "fp16")) == made.count(("vllm", "bf16")) == 1
-    assert made.count(("numpy", "bf16")) == 2  # released through fp16's passes, made again for its own
+    keys = [(backend, dtype) for backend, dtype, _ in made]
+    assert keys.count(("vllm", "fp16")) == keys.count(("vllm", "bf16")) == 1
+    assert keys.count(("numpy", "bf16")) == 2  # released through fp16's passes, made again for its own
 
 
-def test_the_default_releases_only_on_a_cuda_setup(tiny, monkeypatch):
+def test_the_default_releases_only_on_a_cuda_setup(tiny):
     """None: off on the NumPy engine (host memory is not what limits it), so no engine is made again."""
     settings = ablate_settings(**{**SETTINGS, "updates": (0,), "gradient_updates": (0, 1)})
     laps = Laps()
@@ -139,13 +135,15 @@ def test_measuring_engines_are_made_on_first_use_and_again_after_release():
     first = engines["a"]
     assert engines["a"] is first and made == ["a"]
     engines.make_all()
-    assert made == ["a", "b"] and engines.remade == 0
+    assert made == ["a", "b"]
     engines.release(keep=["b"])
     assert made == ["a", "b"]  # nothing is made by a release
-    assert engines["b"] is not None and made == ["a", "b"]
-    assert engines["a"] is not first and made == ["a", "b", "a"] and engines.remade == 1
+    engines.make("b")
+    assert made == ["a", "b"]  # kept
+    assert engines["a"] is not first and made == ["a", "b", "a"]
     engines.add("c")
-    assert [k for k, _ in engines.items()] == ["a", "b", "c"] and made[-1] == "c" and engines.remade == 1
+    engines.make_all()
+    assert engines.keys() == ["a", "b", "c"] and made == ["a", "b", "a", "c"]
 
 
 @pytest.mark.gpu

@@ -124,12 +124,12 @@ def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibili
     laps("trainer and engines")
     for update in range(max((*measure_at, *gradient_at, visibility_updates)) + 1):
         counted = visibility_updates and update <= visibility_updates
-        # the masters this update moves from, copied just before it and dropped once it is
-        # counted: no copy is held through the sources and the gradients (7 GB at 1.5B each)
         if release_idle_engines and traj.updates < update:  # steps to come sample from it
             return_gpu_memory()  # the passes' cache first, so the engine takes what they held
             traj.restore_engine()
             laps(IDLE_LAP)
+        # the masters this update moves from, copied just before it and dropped once it is
+        # counted: no copy is held through the sources and the gradients (7 GB at 1.5B each)
         before = traj.masters() if counted and update > 0 else None
         if before is not None:
             laps("visibility")

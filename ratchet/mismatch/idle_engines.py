@@ -11,13 +11,11 @@ from typing import Callable, Hashable, Iterable
 
 
 class MeasuringEngines:
-    """key -> engine, made by `make(key)` on first use and again after `release`."""
+    """key -> engine, made by the `make` it is given on first use and again after `release`."""
 
     def __init__(self, make: Callable[[Hashable], object], keys: Iterable[Hashable] = ()):
         self._make = make
         self._held: dict = dict.fromkeys(keys)  # None: not made yet, or released
-        self._released: set = set()
-        self.remade = 0  # engines made again after a release: what the lever costs
 
     def add(self, key: Hashable) -> None:
         self._held.setdefault(key, None)
@@ -31,9 +29,6 @@ class MeasuringEngines:
     def __getitem__(self, key: Hashable):
         if self._held[key] is None:
             self._held[key] = self._make(key)
-            if key in self._released:
-                self._released.discard(key)
-                self.remade += 1
         return self._held[key]
 
     def make(self, key: Hashable) -> None:
@@ -44,16 +39,12 @@ class MeasuringEngines:
         for key in self._held:
             self.make(key)
 
-    def items(self) -> list[tuple]:
-        return [(key, self[key]) for key in self._held]
-
     def release(self, keep: Iterable[Hashable] = ()) -> None:
         """Drop every engine but those of `keep`; made again on their next use."""
         keep = set(keep)
-        for key, engine in self._held.items():
-            if key not in keep and engine is not None:
+        for key in self._held:
+            if key not in keep:
                 self._held[key] = None
-                self._released.add(key)
 
 
 def return_gpu_memory() -> None:
