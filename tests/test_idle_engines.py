@@ -131,12 +131,13 @@ def test_the_default_releases_only_on_a_cuda_setup(tiny):
 def test_measuring_engines_are_made_on_first_use_and_again_after_release():
     made = []
     engines = MeasuringEngines(lambda key: made.append(key) or object(), ["a", "b"])
-    assert made == [] and engines.keys() == ["a", "b"] and "a" in engines
+    assert made == [] and engines.keys() == ["a", "b"] and engines.released()
     first = engines["a"]
     assert engines["a"] is first and made == ["a"]
     engines.make_all()
-    assert made == ["a", "b"]
+    assert made == ["a", "b"] and not engines.released()
     engines.release(keep=["b"])
+    assert engines.released()
     assert made == ["a", "b"]  # nothing is made by a release
     engines.make("b")
     assert made == ["a", "b"]  # kept

@@ -124,7 +124,7 @@ def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibili
     laps("trainer and engines")
     for update in range(max((*measure_at, *gradient_at, visibility_updates)) + 1):
         counted = visibility_updates and update <= visibility_updates
-        if release_idle_engines and traj.updates < update:  # steps to come sample from it
+        if traj.engine is None and traj.updates < update:  # released; steps to come sample from it
             return_gpu_memory()  # the passes' cache first, so the engine takes what they held
             traj.restore_engine()
             laps(IDLE_LAP)
@@ -151,7 +151,7 @@ def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibili
             if parked:  # (a CPU trainer's state stays where it is)
                 laps("AdamW state parked on the host")
             if update in measure_at:
-                if release_idle_engines:
+                if engines.released():
                     return_gpu_memory()
                     engines.make_all()
                     laps(IDLE_LAP)

@@ -23,13 +23,14 @@ class MeasuringEngines:
     def keys(self) -> list:
         return list(self._held)
 
-    def __contains__(self, key: Hashable) -> bool:
-        return key in self._held
-
     def __getitem__(self, key: Hashable):
         if self._held[key] is None:
             self._held[key] = self._make(key)
         return self._held[key]
+
+    def released(self) -> bool:
+        """Whether some engine is to be made (again) before all are held."""
+        return None in self._held.values()
 
     def make(self, key: Hashable) -> None:
         """Made now where released (or not yet made), and held: no name outside keeps it."""
