@@ -4,6 +4,7 @@ what another job on the same GPU actually loses."""
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import subprocess
@@ -113,6 +114,19 @@ def release_cupy_cache() -> None:
         pool.free_all_blocks()
     except RuntimeError:  # a CuPy without a usable CUDA (CUDARuntimeError): nothing held
         return
+
+
+def return_gpu_memory() -> None:
+    """What dropped objects held, and what torch's allocator keeps cached, back to the driver:
+    arrays are freed once no name holds them (gc for any cycle), CuPy's pool keeps the blocks
+    unless told (release_cupy_cache), and torch keeps what its last peak took reserved, where
+    CuPy's next arrays (ablate_decompose's engines made again after its gradient passes) would
+    otherwise be put on top of it, a peak above the passes' own."""
+    gc.collect()
+    release_cupy_cache()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def gpu_highs_gib() -> dict[str, float]:

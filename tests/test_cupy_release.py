@@ -45,6 +45,12 @@ def test_a_release_frees_the_pool_and_the_report_keeps_its_most(pool):
     assert gpu_memory.gpu_highs_gib()["cupy pool"] == 30.0
 
 
+def test_returning_gpu_memory_releases_the_pool(pool):
+    """return_gpu_memory (ablate_decompose's engines released): CuPy's pool among the rest."""
+    gpu_memory.return_gpu_memory()
+    assert pool.freed == 1 and gpu_memory.gpu_highs_gib()["cupy pool"] == 25.0
+
+
 def test_without_cupy_a_release_does_nothing(monkeypatch):
     monkeypatch.delitem(sys.modules, "cupy", raising=False)
     monkeypatch.setattr(gpu_memory, "_cupy_pool_high", 0)

@@ -11,8 +11,9 @@ import dataclasses
 import pandas as pd
 
 from ratchet.gap import gap_metrics
+from ratchet.gpu_memory import return_gpu_memory
 from ratchet.mismatch.ablation import AblateSettings, Setup, Trajectory
-from ratchet.mismatch.idle_engines import MeasuringEngines, return_gpu_memory
+from ratchet.mismatch.idle_engines import MeasuringEngines
 from ratchet.mismatch.visibility import first_rows, update_rows
 from ratchet.trainer.parking import parked_state
 
@@ -96,7 +97,7 @@ def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibili
     said before the last of their logs. `gradient_counts`: the gradients' losses and backwards
     (gradient.variant_gradients' counts). `release_idle_engines` (None: on a CUDA setup): each
     dtype's gradients run with the other engines, the trajectory's too, dropped and their
-    memory returned (idle_engines.py), made again when next used."""
+    memory returned (gpu_memory.return_gpu_memory), made again when next used (idle_engines.py)."""
     from ratchet.mismatch.gradient import gradient_rows
     from ratchet.rl.runtime import Laps
 

@@ -6,7 +6,6 @@ is the one dropped: the converted weights, the same rows, buckets and dtype."""
 
 from __future__ import annotations
 
-import gc
 from typing import Callable, Hashable, Iterable
 
 
@@ -47,18 +46,3 @@ class MeasuringEngines:
             if key not in keep:
                 self._held[key] = None
 
-
-def return_gpu_memory() -> None:
-    """What dropped engines held, and what torch's allocator keeps cached, back to the driver:
-    an engine's arrays are freed once no name holds it (gc for any cycle), CuPy's pool keeps
-    the blocks unless told (gpu_memory), and torch keeps what the gradient passes took reserved
-    after them: an engine made again would be put on top of it, a peak above the passes' own."""
-    import sys
-
-    from ratchet.gpu_memory import release_cupy_cache
-
-    gc.collect()
-    release_cupy_cache()
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        torch.cuda.empty_cache()
