@@ -130,3 +130,53 @@ def test_the_readmes_1_5b_study_is_its_record():
     exact = decompose[decompose["source"] == "exact"]
     assert exact["abs_diff_max"].max() == 0
     assert f"exact fix leaves 0 on all {exact['num_tokens'].sum():,} measured tokens" in text
+
+
+def _peak(log: Path) -> str:
+    """'63.8 GiB': a rule log's last peak line (logs.py writes it as the rule ends)."""
+    found = re.findall(r"peak GPU memory (\d+\.\d) GiB", log.read_text())
+    assert found, log
+    return f"{found[-1]} GiB"
+
+
+def test_the_readmes_1_5b_memory_table_is_the_profile_and_the_records():
+    """Each row of "Time and memory, as the profile stands": the stated figure is the profile's,
+    and the measured peak and time come from the rule's own log in the record it names."""
+    import yaml
+
+    text = (ROOT / "README.md").read_text()
+    start = text.index("#### Time and memory, as the profile stands")
+    rows = {}
+    for line in text[start:].splitlines():
+        if line.startswith("| `") or line.startswith("| each eval"):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            rows[cells[0]] = cells[1:]
+        elif rows and not line.startswith("|"):
+            break
+    stated = yaml.safe_load((ROOT / "config/local-1.5b.yaml").read_text())["gpu_memory_gib"]
+    for label, rule in (("`train_colocated`", "train_colocated"), ("`train_split`", "train_split"),
+                        ("`ablate_fix_run` (five runs)", "ablate_fix_run"),
+                        ("`ablate_decompose`", "ablate_decompose"), ("`verify`", "verify"),
+                        ("`build_engine`", "build_engine"), ("each eval", "default")):
+        assert rows[label][0] == f"{stated[rule]} GiB", label
+    records = ROOT / "results/records"
+    logs = {  # label -> (log, whether its time alone is the log's "its run(s) in")
+        "`train_colocated`": (records / "h100-1.5b-train-memory/colocated-checkpointing/train_colocated.log", False),
+        "`train_split`": (records / "h100-1.5b-train-memory/split-checkpointing/train_split.log", False),
+        "`ablate_fix_run` (five runs)": (records / "h100-1.5b-ablate-fix-release-session38/logs/ablate_fix_run-all.log", True),
+        "`ablate_decompose`": (records / "h200-local-1.5b/session36-decompose-gradients-at-once-1/logs/ablate_decompose.log", True),
+        "`verify`": (records / "h200-local-1.5b/logs/verify.log", False),
+        "`build_engine`": (records / "h200-local-1.5b/logs/build_engine.log", False),
+        "each eval": (records / "h200-local-1.5b/logs/eval_baseline.log", False),
+    }
+    for label, (log, timed) in logs.items():
+        if not log.is_file():
+            pytest.skip(f"no record {log}")
+        assert rows[label][1].startswith(_peak(log)), label
+        if timed:
+            took = re.search(r"its runs? in (\d+\.\d) s", log.read_text())[1]
+            assert rows[label][2].startswith(f"{took} s"), label
+    idle = records / "h100-1.5b-decompose-idle-engines/logs/ablate_decompose.log"
+    if idle.is_file():  # the second measurement of ablate_decompose: the release's first run
+        took = re.search(r"its run in (\d+\.\d) s", idle.read_text())[1]
+        assert f"{took} s (H100, idle engines released)" in rows["`ablate_decompose`"][2]
