@@ -133,10 +133,12 @@ def test_the_readmes_1_5b_study_is_its_record():
 
 
 def _peak(log: Path) -> str:
-    """'63.8 GiB': a rule log's last peak line (logs.py writes it as the rule ends)."""
-    found = re.findall(r"peak GPU memory (\d+\.\d) GiB", log.read_text())
+    """'63.8 GiB': a rule log's peak line, read as dev.record reads it."""
+    from dev.record import PEAK
+
+    found = PEAK.search(log.read_text())
     assert found, log
-    return f"{found[-1]} GiB"
+    return f"{float(found.group(2)):.1f} GiB"
 
 
 def test_the_readmes_1_5b_memory_table_is_the_profile_and_the_records():
