@@ -45,4 +45,3 @@ class MeasuringEngines:
         for key in self._held:
             if key not in keep:
                 self._held[key] = None
-
