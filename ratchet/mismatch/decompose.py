@@ -128,7 +128,7 @@ def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibili
         counted = visibility_updates and update <= visibility_updates
         if traj.engine is None and traj.updates < update:  # released; steps to come sample from it
             # nor do the steps sample from a measuring engine: the one the last passes kept goes
-            # too (at 1.5B it held 5 GiB through the steps, the rule's peak: 66.9 GiB on an H100)
+            # too (held, it made the steps the rule's peak at 1.5B: docs/MEMORY-1.5B.md)
             engines.release(keep=[k for k in engines.keys() if k[0] != setup.backend])
             return_gpu_memory()  # the passes' cache first, so the engine takes what they held
             traj.restore_engine()

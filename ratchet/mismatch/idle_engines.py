@@ -1,8 +1,9 @@
 """The measuring engines of one ablation run, each made when first wanted and, where GPU memory
-is what limits the run, dropped while the trainer's gradient passes run, which sample from none
-of them: at 1.5B ablate_decompose holds three batch-invariant engines of ~5 GiB through the
-passes that are its peak. Every use syncs an engine from the masters first, so one made again
-is the one dropped: the converted weights, the same rows, buckets and dtype."""
+is what limits the run, dropped while the trainer's gradient passes and the GRPO steps between
+them run, which sample from none of them: at 1.5B ablate_decompose would otherwise hold up to
+three batch-invariant engines of ~5 GiB beside the trainer. Every use syncs an engine from the
+masters first, so one made again is the one dropped: the converted weights, the same rows,
+buckets and dtype."""
 
 from __future__ import annotations
 
