@@ -114,6 +114,12 @@ def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibili
         run_cfg, compute_dtype=settings.updates_compute_dtype or run_cfg.compute_dtype))
     tagged = backends is not None
     engines = MeasuringEngines(lambda key: setup.engine(key[1], backend=key[0]))
+
+    def release_own(*held):
+        """The setup backend's engines dropped but `held`; another backend's (vLLM's) stays: one
+        such engine a process, slow to make."""
+        engines.release(keep=[k for k in engines.keys() if k[0] != setup.backend or k in held])
+
     for backend in (backends or (setup.backend,)) if measure_at else ():
         for dtype in settings.engine_dtypes:
             engines.add((backend, dtype))
@@ -129,7 +135,7 @@ def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibili
         if traj.engine is None and traj.updates < update:  # released; steps to come sample from it
             # nor do the steps sample from a measuring engine: the one the last passes kept goes
             # too (held, it made the steps the rule's peak at 1.5B: docs/MEMORY-1.5B.md)
-            engines.release(keep=[k for k in engines.keys() if k[0] != setup.backend])
+            release_own()
             return_gpu_memory()  # the passes' cache first, so the engine takes what they held
             traj.restore_engine()
             laps(IDLE_LAP)
@@ -176,8 +182,7 @@ def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibili
             if update in gradient_at:
                 for dtype in gradient_dtypes:
                     if release_idle_engines:  # the passes sample from none; this dtype's engine scores
-                        # (another backend's, vLLM's, stays: one such engine a process, slow to make)
-                        engines.release(keep=[k for k in engines.keys() if k[0] != setup.backend or k[1] == dtype])
+                        release_own((setup.backend, dtype))
                         traj.release_engine()
                         return_gpu_memory()
                         engines.make((setup.backend, dtype))
