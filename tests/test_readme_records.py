@@ -166,7 +166,7 @@ def test_the_readmes_1_5b_memory_table_is_the_profile_and_the_records():
         "`train_colocated`": (records / "h100-1.5b-train-memory/colocated-checkpointing/train_colocated.log", False),
         "`train_split`": (records / "h100-1.5b-train-memory/split-checkpointing/train_split.log", False),
         "`ablate_fix_run` (five runs)": (records / "h100-1.5b-ablate-fix-release-session38/logs/ablate_fix_run-all.log", True),
-        "`ablate_decompose`": (records / "h100-1.5b-decompose-release-mended/logs/ablate_decompose.log", True),
+        "`ablate_decompose`": (records / "h100-1.5b-decompose-steps-released/logs/ablate_decompose.log", True),
         "`verify`": (records / "h200-local-1.5b/logs/verify.log", False),
         "`build_engine`": (records / "h200-local-1.5b/logs/build_engine.log", False),
         "each eval": (records / "h200-local-1.5b/logs/eval_baseline.log", False),
