@@ -49,8 +49,9 @@ def test_the_15b_profile_is_the_local_study_on_the_larger_model():
     memory goes with each run, CuPy's cached blocks included, and ablate_decompose beside either
     training with one sharing set of gradients a pass: ablate.gradients_at_once; since its idle
     engines go back through the passes it fits beside ablate_fix_run too, which gpu_priority
-    declines, and it is one job, so two of it never meet) and the ablations' answers a pass (8:
-    their fp32 passes of 64 at 1.5B are not planned in memory)."""
+    declines, and it is one job, so two of it never meet; verify states the larger training's,
+    whose jobs it reruns, so it runs beside either ablation) and the ablations' answers a pass
+    (8: their fp32 passes of 64 at 1.5B are not planned in memory)."""
     small, big = (cfgmod.load(ROOT / "config" / p) for p in ("local.yaml", "local-1.5b.yaml"))
     assert big["model"]["path"].endswith("qwen2.5-coder-1.5b-instruct.gguf")
     assert (small["train"]["keep_checkpoints"], big["train"]["keep_checkpoints"]) == (2, 0)
@@ -58,18 +59,22 @@ def test_the_15b_profile_is_the_local_study_on_the_larger_model():
     trainings = {"train_colocated", "train_split"}
     pairs = [trainings, {"train_colocated", "ablate_fix_run"}, {"train_split", "ablate_fix_run"},  # the fix runs' one job
              {"train_colocated", "ablate_decompose"}, {"train_split", "ablate_decompose"},  # one sharing set a pass
-             {"ablate_decompose", "ablate_fix_run"}]  # idle engines released through the passes
+             {"ablate_decompose", "ablate_fix_run"},  # idle engines released through the passes
+             {"verify", "ablate_fix_run"}, {"verify", "ablate_decompose"}]  # verify: a training's jobs
     total, mem = 140, big["gpu_memory_gib"]  # an H200's GiB
-    decompose = str(RunPaths.from_config(big).decompose_table)  # no wildcard: one job
+    paths = RunPaths.from_config(big)
+    one_job = {rule for rule, out in (("ablate_decompose", paths.decompose_table), ("verify", paths.verify_json))
+               if "{" not in str(out)}  # an output without a wildcard: the rule is one job
     for i, a in enumerate(large):
         for b in large[i + 1:]:
             if b == "verify" and a in trainings:
                 continue  # verify reruns both trainings' first steps: it never runs beside one
             assert (mem[a] + mem[b] <= total) == ({a, b} in pairs), (a, b)
-        # nor two jobs of one large rule (ablate_decompose is one job; the fix runs are one job at 1.5B:
-        # ablate.parallel_jobs false)
-        assert (a in trainings or 2 * mem[a] > total or (a == "ablate_decompose" and "{" not in decompose)
+        # nor two jobs of one large rule (ablate_decompose and verify are one job each; the fix runs
+        # are one job at 1.5B: ablate.parallel_jobs false)
+        assert (a in trainings or 2 * mem[a] > total or a in one_job
                 or (a == "ablate_fix_run" and not big["ablate"]["parallel_jobs"]))
+    assert mem["verify"] == max(mem[t] for t in trainings)  # it reruns their jobs (tests/test_cupy_release.py)
     assert all(mem[a] + mem["default"] <= total for a in large)
     assert mem["train_colocated"] + mem["train_split"] + mem["default"] <= total  # and an eval beside them
     assert (small["train"]["gradient_checkpointing"], big["train"]["gradient_checkpointing"]) == (False, True)
@@ -111,7 +116,8 @@ def _started(ready: dict[str, int], running: set[str], mem: dict, total: int = 1
 def test_the_15b_profile_runs_its_two_ablations_each_beside_a_training():
     """The profile's gpu_priority starts ablate_decompose beside train_split, then beside
     train_colocated, and ablate_fix_run beside the rest of the colocated training, rather than
-    both trainings first and the two ablations one after the other. The two ablations fit the
+    both trainings first and the two ablations one after the other; verify then runs beside the
+    fix runs, not after them. The two ablations fit the
     H200 together, so it is the priorities, not the memory, that keep them apart."""
     cfg = cfgmod.load(ROOT / "config" / "local-1.5b.yaml")
     own = {rule: int(p) for smk in (ROOT / "workflow" / "rules").glob("*.smk")  # the rules' own
@@ -129,6 +135,10 @@ def test_the_15b_profile_runs_its_two_ablations_each_beside_a_training():
     # ablate_decompose done: the fix runs beside the colocated training
     assert _started(ready("ablate_fix_run", "eval_baseline", "eval_after_split"),
                     {"train_colocated"}, mem) == {"ablate_fix_run"}
+    # the colocated training done: the evals beside the fix runs, then verify (a training's memory)
+    evals = ("eval_baseline", "eval_after_split", "eval_after_colocated")
+    assert _started(ready("verify", *evals), {"ablate_fix_run"}, mem) == set(evals)
+    assert _started(ready("verify"), {"ablate_fix_run"}, mem) == {"verify"}
     # the rules' own order would start both trainings first, then the ablations one at a time
     own_ready = {r: own[r] for r in ("train_colocated", "train_split", "ablate_decompose", "ablate_fix_run",
                                      "eval_baseline")}

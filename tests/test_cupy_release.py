@@ -74,7 +74,8 @@ def test_the_fix_runs_release_the_pool_after_each_run(monkeypatch):
 
 def test_verify_releases_the_pool_after_each_mode(monkeypatch, tmp_path):
     """verify reruns both modes in one process: the pool hands the first mode's blocks back
-    before the second starts, and after it, with the verdicts as before."""
+    before the second starts, and after it, with the verdicts as before; each mode is its
+    training's job, shortened."""
     import json
 
     from ratchet.stages import verify as verify_stage
@@ -92,13 +93,17 @@ def test_verify_releases_the_pool_after_each_mode(monkeypatch, tmp_path):
         trace.to_parquet(out / "trace.parquet")
 
     monkeypatch.setattr(verify_stage, "RunPaths", types.SimpleNamespace(from_config=lambda cfg: paths))
-    monkeypatch.setattr(verify_stage, "make_job", lambda cfg, mode, out_dir, **kw: out_dir)
+    overrides = []
+    monkeypatch.setattr(verify_stage, "make_job", lambda cfg, mode, out_dir, **kw: overrides.append(kw) or out_dir)
     monkeypatch.setattr(verify_stage, "run_mode", rerun)
     monkeypatch.setattr(gpu_memory, "release_cupy_cache", lambda: events.append("release"))
     run = types.SimpleNamespace(log_metrics=lambda m: None, set_tags=lambda t: None, log_output=lambda p: None)
     verify_stage.verify({"train": {"verify_steps": 2, "steps": 5}}, run)
     assert events == [e for mode in verify_stage.MODES for e in (f"run {mode}", "release")]
     assert json.loads(paths.verify_json.read_text())["identical"] is True
+    # the trainings' own jobs but for their length, evals and files: the same memory a pass (the
+    # recompute, the micro-batches, the engine's rows), so a profile states verify at a training's
+    assert {k for kw in overrides for k in kw} == {"steps", "eval_every", "checkpoints", "save_model", "resume"}
 
 
 @pytest.mark.gpu
