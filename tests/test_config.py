@@ -117,8 +117,8 @@ def test_the_15b_profile_runs_its_two_ablations_each_beside_a_training():
     """The profile's gpu_priority starts ablate_decompose beside train_split, then beside
     train_colocated, and ablate_fix_run beside the rest of the colocated training, rather than
     both trainings first and the two ablations one after the other; verify then runs beside the
-    fix runs, not after them. The two ablations fit the
-    H200 together, so it is the priorities, not the memory, that keep them apart."""
+    fix runs, not after them. The two ablations fit the H200 together, so it is the priorities,
+    not the memory, that keep them apart."""
     cfg = cfgmod.load(ROOT / "config" / "local-1.5b.yaml")
     own = {rule: int(p) for smk in (ROOT / "workflow" / "rules").glob("*.smk")  # the rules' own
            for rule, p in re.findall(r'priority: gpu_priority\("(\w+)", (\d+)\)', smk.read_text())}
