@@ -13,10 +13,23 @@ import threading
 
 TOTAL_ENV = "RATCHET_GPU_MEMORY_GIB"  # the GiB ratchet's jobs may use on each GPU (default: its total)
 ALLOC_ENV = "PYTORCH_CUDA_ALLOC_CONF"
+
+
+def register_threads(cores: int | None = None) -> int:
+    """Threads that touch a pinned allocation's pages before it is registered: the largest power
+    of two (torch requires one, at most 128) up to the cores, and no more than 16."""
+    cores = max(1, min(16, cores or os.cpu_count() or 1))
+    return 1 << (cores.bit_length() - 1)
+
+
 # torch's allocator, unless the user set one: segments that grow in place instead of a new
 # block per size, so variable-length micro-batches do not leave the reserved memory (what
-# another job on the GPU loses) far above the allocated. Numerics are untouched.
-ALLOC_DEFAULT = "expandable_segments:True"
+# another job on the GPU loses) far above the allocated; and pinned host memory as pages that
+# threads fault in before one cudaHostRegister, where cudaHostAlloc faults them one thread
+# (AdamW's moments parked by ablate_decompose: 14 GB at 1.5B, dev/gpu/parking_probe.py).
+# Numerics are untouched.
+ALLOC_DEFAULT = ("expandable_segments:True,pinned_use_cuda_host_register:True,"
+                 f"pinned_num_register_threads:{register_threads()}")
 
 
 def allocator_defaults() -> None:

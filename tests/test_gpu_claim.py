@@ -281,3 +281,13 @@ def test_laps_say_which_phase_raised_each_allocators_high_water_mark():
     started = Laps(highs=iter([{"torch": 8.0}, {"torch": 9.0}]).__next__)
     started("updates")
     assert started.rises_line() == "torch 9.0 GiB, from 8.0: updates +1.0"
+
+
+def test_pinned_pages_are_faulted_by_a_power_of_two_threads_as_torch_requires():
+    from ratchet.gpu_memory import ALLOC_DEFAULT, register_threads
+
+    assert [register_threads(c) for c in (1, 2, 3, 7, 8, 16, 128)] == [1, 2, 2, 4, 8, 16, 16]
+    options = dict(kv.split(":") for kv in ALLOC_DEFAULT.split(","))
+    assert options["pinned_use_cuda_host_register"] == "True" and options["expandable_segments"] == "True"
+    threads = int(options["pinned_num_register_threads"])
+    assert threads & (threads - 1) == 0 and 1 <= threads <= 16

@@ -2,7 +2,9 @@
 (1.78B fp32 masters, 14.2 GB of moments), for each way of parking: ablate_decompose's lap "AdamW
 state parked on the host" read 22.2 s over its five measured updates on an H100 (forty-fourth
 session), ~4.4 s a round trip, where the bus moves 28 GB in about 1 s.
-    python3 dev/gpu/parking_probe.py [--cycles 5] [--ways per_tensor,flat]
+    python3 dev/gpu/parking_probe.py [--cycles 5] [--ways per_tensor,ratchet] [--ratchet-allocator]
+(--ratchet-allocator: torch's allocator as a ratchet GPU stage sets it, gpu_memory.ALLOC_DEFAULT,
+unless PYTORCH_CUDA_ALLOC_CONF is set.)
 One JSON line a round trip: the way, the cycle, seconds out and back (synchronised), GB/s, and
 whether the state came back equal bit for bit.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import time
 
 import torch
@@ -22,8 +25,8 @@ from ratchet.trainer import parking
 
 @contextlib.contextmanager
 def parked_per_tensor(optimizer):
-    """The way parking.py parked before the flat buffer: a pinned tensor a state entry, blocking
-    copies, torch's caching host allocator keeping the pages between parkings."""
+    """The way parking.py parked up to a45a2b5: a pinned tensor a state entry, blocking copies,
+    torch's caching host allocator keeping the pages between parkings."""
     moved = []
     for state in optimizer.state.values():
         for key in list(state):
@@ -39,7 +42,7 @@ def parked_per_tensor(optimizer):
             state[key] = state[key].to(device)
 
 
-WAYS = {"per_tensor": parked_per_tensor, "flat": parking.parked_state}
+WAYS = {"per_tensor": parked_per_tensor, "ratchet": parking.parked_state}  # ratchet: the product's, as checked out
 
 
 def optimizer_of_shapes(shapes: dict[str, tuple[int, ...]], seed: int = 0) -> torch.optim.AdamW:
@@ -61,8 +64,14 @@ def snapshot(opt) -> list[torch.Tensor]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cycles", type=int, default=5)
-    ap.add_argument("--ways", default="per_tensor,flat")
+    ap.add_argument("--ways", default="per_tensor,ratchet")
+    ap.add_argument("--ratchet-allocator", action="store_true")
     args = ap.parse_args()
+    if args.ratchet_allocator:
+        from ratchet.gpu_memory import ALLOC_ENV, allocator_defaults
+
+        allocator_defaults()
+        print(json.dumps({ALLOC_ENV: os.environ[ALLOC_ENV]}), flush=True)
     shapes = expected_shapes(coder15_config())
     for way in args.ways.split(","):
         opt = optimizer_of_shapes(shapes)
