@@ -195,3 +195,37 @@ def test_on_the_gpu_the_passes_run_without_the_idle_engines(tiny):
         assert a.equals(b) and len(a)
     assert len(held[None]) == len(held[False]) == 6  # 3 points x 2 dtypes
     assert all(r < k for r, k in zip(held[None], held[False])), (held[None], held[False])
+
+
+def test_off_the_gpu_an_engine_starts_on_the_converted_weights(tiny):
+    """`masters` is for a CUDA engine and masters on its GPU: a NumPy engine, or masters on the
+    host, start on the converted weights as before (the caller's sync moves them)."""
+    from ratchet.mismatch.ablation import Trajectory
+    from ratchet.rl.sync import device_masters
+
+    traj = Trajectory(tiny, ablate_settings(**SETTINGS).grpo("none"))
+    traj.advance_to(1)
+    assert device_masters(traj.policy) is None
+    assert tiny.engine("fp16", masters=traj.policy).weight_checksums() == tiny.engine("fp16").weight_checksums()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_on_the_gpu_an_engine_started_on_the_masters_holds_a_synced_engines_bits(tiny, dtype):
+    """A CUDA engine made with `masters` starts on them, rounded on the GPU: before any update
+    the bits of the converted weights rounded on the host, after one the bits of an engine made
+    on those and synced (what the ablations did before: ~1 s of host work an engine at 1.5B)."""
+    from ratchet.mismatch.ablation import Trajectory
+    from ratchet.rl.sync import device_masters, sync_weights
+
+    cuda = dataclasses.replace(tiny, backend="cuda", device="cuda")
+    traj = Trajectory(cuda, ablate_settings(**{**SETTINGS, "lr": 1e-3}).grpo("none"))  # steps bf16 sees
+    assert device_masters(traj.policy) is not None
+    host_start = cuda.engine(dtype)
+    converted = host_start.weight_checksums()
+    assert cuda.engine(dtype, masters=traj.policy).weight_checksums() == converted
+    traj.advance_to(1)
+    sync_weights(host_start, traj.policy)
+    synced = host_start.weight_checksums()
+    assert synced != converted  # the update moved some weight across the grid
+    assert cuda.engine(dtype, masters=traj.policy).weight_checksums() == synced

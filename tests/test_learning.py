@@ -237,7 +237,7 @@ def test_evals_on_their_own_engine_see_the_trajectorys_weights_and_score_the_sam
     assert tiny.eval_engine("fp16") is None  # NumPy: the trajectory's own engine
     a_steps, a_answers = learning_run(tiny, s, learning, "fp16", "none")
     on_trajectory, seen[:] = list(seen), []
-    monkeypatch.setattr(type(tiny), "eval_engine", lambda self, dtype: self.engine(dtype))
+    monkeypatch.setattr(type(tiny), "eval_engine", lambda self, dtype, masters=None: self.engine(dtype))
     b_steps, b_answers = learning_run(tiny, s, learning, "fp16", "none")
     assert seen == on_trajectory and len({str(c) for c in seen}) > 1  # synced, and the weights moved
     pd.testing.assert_frame_equal(a_steps, b_steps)

@@ -3,7 +3,8 @@ random weights: ablate_decompose drops its idle engines through the gradient pas
 steps (idle_engines.py) and its lap "idle engines released and made again" read 29.1 s on an H100
 (forty-fourth session). Per round, synchronised: the memory handed back (gpu_memory.
 return_gpu_memory), a 64-row fp16 CUDA engine of 1,024 positions made from the rounded host
-weights (as Setup.engine makes it), and its first sync from the masters.
+weights (as Setup.engine made it before the forty-seventh session), and its first sync from the
+masters; then one made on the masters themselves, rounded on the GPU (Setup.engine's `masters`).
     python3 dev/gpu/engine_make_probe.py [--rounds 3] [--invariant]
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ from ratchet.engines import make_engine
 from ratchet.gpu_memory import return_gpu_memory
 from ratchet.model.dtypes import round_to
 from ratchet.model.io import EngineModel
-from ratchet.rl.sync import sync_weights
+from ratchet.rl.sync import device_masters, sync_weights
 from ratchet.trainer.policy import Policy
 
 
@@ -47,8 +48,17 @@ def main() -> None:
                                                    max_batch_size=64, max_seq_len=1024,
                                                    batch_invariant=args.invariant))
         _, sync_s = timed(lambda: sync_weights(engine, policy))
+        synced = engine.weight_checksums()
+        del engine
+        return_gpu_memory()
+        on_gpu, device = device_masters(policy)
+        engine, masters_s = timed(lambda: make_engine(EngineModel(cfg, on_gpu, "fp16"), backend="cuda",
+                                                      max_batch_size=64, max_seq_len=1024,
+                                                      batch_invariant=args.invariant, device=device))
+        same = engine.weight_checksums() == synced
         print(json.dumps({"round": i, "invariant": args.invariant, "return_gpu_memory_s": free_s,
-                          "make_s": make_s, "first_sync_s": sync_s}), flush=True)
+                          "make_s": make_s, "first_sync_s": sync_s, "made_on_masters_s": masters_s,
+                          "same_bits": same}), flush=True)
         del engine
 
 

@@ -113,7 +113,8 @@ def along_updates(setup: Setup, settings: AblateSettings, log=None, log_visibili
     traj = Trajectory(setup, dataclasses.replace(
         run_cfg, compute_dtype=settings.updates_compute_dtype or run_cfg.compute_dtype))
     tagged = backends is not None
-    engines = MeasuringEngines(lambda key: setup.engine(key[1], backend=key[0]))
+    # every use syncs from the masters: a CUDA engine starts on them, nothing rounded on the host
+    engines = MeasuringEngines(lambda key: setup.engine(key[1], backend=key[0], masters=traj.policy))
 
     def release_own(*held):
         """The setup backend's engines dropped but `held`; another backend's (vLLM's) stays: one

@@ -102,7 +102,7 @@ def fix_run(setup: Setup, settings: AblateSettings, name: str, log=None, laps=No
                "weight_dtype": cfg.weight_dtype, "is_correction": cfg.is_correction,
                "exact_forward": cfg.exact_forward}
     if setup.eval_problems is not None:
-        ev, _ = greedy_eval(run_setup, traj, run_setup.eval_engine(cfg.engine_dtype))
+        ev, _ = greedy_eval(run_setup, traj, run_setup.eval_engine(cfg.engine_dtype, traj.policy))
         summary.update({"accuracy": ev["accuracy"], "accuracy_stderr": ev["accuracy_stderr"],
                         "eval_n": ev["n"]})
         laps("evals")

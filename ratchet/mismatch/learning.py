@@ -85,7 +85,7 @@ def learning_run(setup: Setup, settings: AblateSettings, learning: LearningSetti
     cfg = dataclasses.replace(settings.grpo(remedy, learning.steps), engine_dtype=dtype)
     setup = setup.for_run(cfg)
     traj = Trajectory(setup, cfg)
-    eval_engine = setup.eval_engine(dtype)
+    eval_engine = setup.eval_engine(dtype, traj.policy)
     due = set(learning.eval_steps())
     step_rows, answer_parts = [], []
 

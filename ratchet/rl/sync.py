@@ -38,6 +38,14 @@ def masters(policy) -> Mapping[str, torch.Tensor]:
     return flat if flat is not None else policy.export_weights()
 
 
+def device_masters(policy) -> tuple[Mapping[str, torch.Tensor], int] | None:
+    """(`masters`, their GPU's index) where they are on a GPU, else None: what a CUDA engine
+    made on that GPU can start on, rounding them as `sync_weights` does."""
+    weights = masters(policy)
+    first = weights.flat if isinstance(weights, FlatWeights) else next(iter(weights.values()))
+    return (weights, first.device.index) if first.is_cuda else None
+
+
 def sync_weights(engine, policy) -> None:
     """The trainer's fp32 masters into the engine, rounded there to its dtype."""
     engine.update_weights(for_engine(engine, masters(policy)))
