@@ -129,8 +129,9 @@ class Setup:
     # that teacher forcing (the exact fix) reproduces a rollout's bits in any grouping
     batch_invariant: bool = True
     vllm_options: dict | None = None  # the `engine.vllm` section (backend vllm)
-    # the converted weights rounded to each dtype, made once: ablate_fix builds two engines a run
-    # from them, and rounding 0.5B weights on the host takes seconds (engines copy what they load)
+    # the converted weights rounded to each dtype, made once, for the engines that do not start on
+    # a trainer's GPU masters (`engine`'s `masters`: NumPy, vLLM, a CPU trainer): rounding 0.5B
+    # weights on the host takes seconds (engines copy what they load)
     rounded: dict = field(default_factory=dict, repr=False, compare=False)
 
     def engine(self, dtype: str, weights=None, backend: str | None = None, batch_invariant: bool | None = None,

@@ -18,16 +18,20 @@ def engine_weights(policy) -> dict[str, np.ndarray]:
     return {name: w.detach().cpu().numpy() for name, w in policy.export_weights().items()}
 
 
+def gpu_of(weights: Mapping[str, torch.Tensor]) -> torch.device | None:
+    """The GPU that `weights` (FlatWeights, or a mapping of tensors) are on, else None."""
+    first = weights.flat if isinstance(weights, FlatWeights) else next(iter(weights.values()))
+    return first.device if first.is_cuda else None
+
+
 def for_engine(engine, weights: Mapping[str, torch.Tensor]) -> Mapping:
     """`weights` as `engine.update_weights` takes them without a host copy: tensors on its
     GPU when it has one and they are on a GPU (FlatWeights stay one buffer), else NumPy arrays."""
     device = engine.weight_device
-    if device != "cpu":
+    if device != "cpu" and gpu_of(weights) is not None:
         if isinstance(weights, FlatWeights):
-            if weights.flat.is_cuda:
-                return weights.on(device)
-        elif next(iter(weights.values())).is_cuda:
-            return {k: v.to(device) for k, v in weights.items()}  # no copy when already there
+            return weights.on(device)
+        return {k: v.to(device) for k, v in weights.items()}  # no copy when already there
     return {k: v.detach().cpu().numpy() for k, v in weights.items()}
 
 
@@ -42,8 +46,8 @@ def device_masters(policy) -> tuple[Mapping[str, torch.Tensor], int] | None:
     """(`masters`, their GPU's index) where they are on a GPU, else None: what a CUDA engine
     made on that GPU can start on, rounding them as `sync_weights` does."""
     weights = masters(policy)
-    first = weights.flat if isinstance(weights, FlatWeights) else next(iter(weights.values()))
-    return (weights, first.device.index) if first.is_cuda else None
+    gpu = gpu_of(weights)
+    return (weights, gpu.index) if gpu is not None else None
 
 
 def sync_weights(engine, policy) -> None:
