@@ -14,7 +14,8 @@ from typing import Iterable, Mapping
 import numpy as np
 
 from ratchet.engine.factory import make_backend
-from ratchet.engine.request import Request, check_addable, check_unique_ids, stop_reason, stops_by_length
+from ratchet.engine.generate import run_to_completion
+from ratchet.engine.request import Request, check_addable, stop_reason, stops_by_length
 from ratchet.engine.sampling import SamplingBatch
 from ratchet.engine.scheduler import Scheduler, Sequence
 from ratchet.engine.score import teacher_forced_logprobs
@@ -79,8 +80,12 @@ class Engine:
 
     def add(self, request: Request) -> None:
         """Queue a new request, or a cancelled one to resume it."""
-        self._check_addable(request)
+        self.check_addable(request)
         self.scheduler.add(request)
+
+    def check_addable(self, request: Request) -> None:
+        """Raises what `add` would for `request`, queueing nothing."""
+        check_addable(request, request.request_id in self.scheduler, self.cfg.vocab_size, self.max_seq_len)
 
     def step(self) -> list[Request]:
         """Admit and prefill what fits, decode one token for every running sequence; returns
@@ -98,26 +103,9 @@ class Engine:
         return finished
 
     def generate(self, requests: list[Request], progress: bool = False) -> list[Request]:
-        """Run `requests` to completion; returns them in the given order."""
-        ids = check_unique_ids(requests)
-        for request in requests:  # check all before queueing any
-            self._check_addable(request)
-        for request in requests:
-            self.scheduler.add(request)
-        pending = set(ids)
-        bar = _progress_bar(len(requests)) if progress else None
-        generated_before, wall_before = self.stats.num_generated_tokens, self.stats.wall_time_s
-        while pending:
-            done = [r for r in self.step() if r.request_id in pending]
-            pending.difference_update(r.request_id for r in done)
-            if bar is not None:
-                tokens = self.stats.num_generated_tokens - generated_before
-                seconds = self.stats.wall_time_s - wall_before
-                bar.set_postfix(tok_s=f"{tokens / max(seconds, 1e-9):.1f}", refresh=False)
-                bar.update(len(done))
-        if bar is not None:
-            bar.close()
-        return list(requests)
+        """Run `requests` to completion; returns them in the given order (`progress`: a bar
+        with requests done and tokens a second)."""
+        return run_to_completion(self, requests, progress)
 
     def cancel(self, request_id: int) -> Request:
         """Stop a request; it keeps its output and logprobs, finish_reason stays None."""
@@ -278,19 +266,3 @@ class Engine:
     def _release(self, seq: Sequence) -> None:
         self.backend.free(seq.slot)
         self.scheduler.release(seq)
-
-    def _check_addable(self, request: Request) -> None:
-        check_addable(request, request.request_id in self.scheduler, self.cfg.vocab_size, self.max_seq_len)
-
-
-def _progress_bar(total: int):
-    """On the console the user watches (a rule's: its fd 3); redrawn in place on a terminal,
-    a line every 5 s elsewhere."""
-    from tqdm.auto import tqdm
-
-    from ratchet.progress import console
-
-    out = console()
-    tty = hasattr(out, "isatty") and out.isatty()
-    return tqdm(total=total, unit="req", desc="generate", dynamic_ncols=True, file=out,
-                mininterval=0.1 if tty else 5.0)

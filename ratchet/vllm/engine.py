@@ -35,7 +35,8 @@ from typing import Iterable, Mapping
 import numpy as np
 
 from ratchet.engine.engine import EngineStats, engine_limits
-from ratchet.engine.request import Request, check_addable, check_unique_ids, stop_reason
+from ratchet.engine.generate import run_to_completion
+from ratchet.engine.request import Request, check_addable, stop_reason
 from ratchet.model.checksum import block_checksums
 from ratchet.vllm.names import PADDED_VOCAB, hf_update, vllm_parameter
 
@@ -126,7 +127,7 @@ class VllmEngine:
 
     def add(self, request: Request) -> None:
         """Queue a new request, or a cancelled one to resume it (prompt + output so far)."""
-        self._check_addable(request)
+        self.check_addable(request)
         budget = min(request.max_new_tokens - len(request.output), self.max_seq_len - request.num_tokens)
         if self._stop_reason(request) is not None or budget < 1:
             self._no_budget.append(request)
@@ -136,6 +137,15 @@ class VllmEngine:
                                         self._sampling_params(request, budget))
         self._running[vllm_id] = request
         self.stats.num_prefill_tokens += request.num_tokens
+
+    def check_addable(self, request: Request) -> None:
+        """Raises what `add` would for `request`, queueing nothing."""
+        queued = any(r.request_id == request.request_id for r in [*self._running.values(), *self._no_budget])
+        check_addable(request, queued, self.cfg.vocab_size, self.max_seq_len)
+        where = f"engine: request {request.request_id}"
+        if request.greedy and request.temperature not in (0, 1):
+            raise ValueError(f"{where}: greedy at temperature {request.temperature} on engine.backend "
+                             "'vllm', whose greedy log-probabilities are at temperature 1 (use 0 or 1)")
 
     def step(self) -> list[Request]:
         """One vLLM step; returns the requests that finished in it."""
@@ -156,16 +166,9 @@ class VllmEngine:
         return finished
 
     def generate(self, requests: list[Request], progress: bool = False) -> list[Request]:
-        """Run `requests` to completion; returns them in the given order (`progress`: no bar here)."""
-        ids = check_unique_ids(requests)
-        for request in requests:  # check all before queueing any
-            self._check_addable(request)
-        for request in requests:
-            self.add(request)
-        pending = set(ids)
-        while pending:
-            pending.difference_update(r.request_id for r in self.step())
-        return list(requests)
+        """Run `requests` to completion; returns them in the given order (`progress`: a bar
+        with requests done and tokens a second, as ratchet's engine shows)."""
+        return run_to_completion(self, requests, progress)
 
     def cancel(self, request_id: int) -> Request:
         """Stop a request; it keeps its output and logprobs, finish_reason stays None."""
@@ -307,14 +310,6 @@ class VllmEngine:
     def _stop_reason(self, request: Request) -> str | None:
         """ratchet's rule (eos before length), not vLLM's finish_reason."""
         return stop_reason(request, self.eos_ids, self.max_seq_len)
-
-    def _check_addable(self, request: Request) -> None:
-        queued = any(r.request_id == request.request_id for r in [*self._running.values(), *self._no_budget])
-        check_addable(request, queued, self.cfg.vocab_size, self.max_seq_len)
-        where = f"engine: request {request.request_id}"
-        if request.greedy and request.temperature not in (0, 1):
-            raise ValueError(f"{where}: greedy at temperature {request.temperature} on engine.backend "
-                             "'vllm', whose greedy log-probabilities are at temperature 1 (use 0 or 1)")
 
 
 def _torch():
