@@ -57,6 +57,18 @@ def gsm8k_dir() -> Path:
     return path
 
 
+@pytest.fixture
+def console_last_line(monkeypatch):
+    """The progress console (ratchet.progress) captured: call it for the last line drawn."""
+    import io
+
+    from ratchet import progress
+
+    shown = io.StringIO()
+    monkeypatch.setattr(progress, "_console", shown)
+    return lambda: shown.getvalue().replace("\r", "\n").strip().splitlines()[-1]
+
+
 @pytest.fixture(autouse=True)
 def _torch_determinism_restored():
     """A training in-process turns torch's deterministic mode on for good (set_determinism);

@@ -365,19 +365,13 @@ def test_half_precision_storage(dtype):
 
 # ------------------------------------------------------------------ API
 
-def test_generate_order_errors_and_stats(monkeypatch):
-    import io
-
-    from ratchet import progress
-
-    shown = io.StringIO()
-    monkeypatch.setattr(progress, "_console", shown)
+def test_generate_order_errors_and_stats(console_last_line):
     model = tiny_model()
     engine = Engine(model, max_batch_size=2, max_seq_len=64)
     reqs = [Request(i, prompt(60 + i, 3 + i), max_new_tokens=4 + i, seed=i) for i in (3, 1, 2)]
     out = engine.generate(reqs, progress=True)
-    last = shown.getvalue().replace("\r", "\n").strip().splitlines()[-1]
-    assert "generate" in last and "3/3" in last and "tok_s=" in last, shown.getvalue()
+    last = console_last_line()
+    assert "generate" in last and "3/3" in last and "tok_s=" in last, last
     assert [r.request_id for r in out] == [3, 1, 2]
     assert all(r.finish_reason == "length" and len(r.output) == r.max_new_tokens for r in out)
     assert engine.stats.num_generated_tokens == 7 + 5 + 6

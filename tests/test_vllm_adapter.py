@@ -237,20 +237,14 @@ def test_add_step_cancel_resume_fill_the_requests(fake):
     assert engine.stats.num_generated_tokens == sum(len(r.output) for r in reqs)
 
 
-def test_generate_shows_progress_as_ratchets_engine_does(fake, monkeypatch):
+def test_generate_shows_progress_as_ratchets_engine_does(fake, console_last_line):
     """`progress=True` (the eval stage's default) draws the same bar on vLLM: requests done and
     tokens a second on the console, no longer nothing for a whole eval."""
-    import io
-
-    from ratchet import progress
-
-    shown = io.StringIO()
-    monkeypatch.setattr(progress, "_console", shown)
     engine = engine_on_fake(fake)
     reqs = engine.generate([Request(i, [1 + i, 2], max_new_tokens=6, seed=i) for i in range(3)], progress=True)
     assert all(r.finish_reason in ("eos", "length") for r in reqs)
-    last = shown.getvalue().replace("\r", "\n").strip().splitlines()[-1]
-    assert "generate" in last and "3/3" in last and "tok_s=" in last, shown.getvalue()
+    last = console_last_line()
+    assert "generate" in last and "3/3" in last and "tok_s=" in last, last
 
 
 def test_generate_runs_to_the_end_and_reruns_repeat(fake):

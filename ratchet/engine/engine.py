@@ -105,7 +105,7 @@ class Engine:
     def generate(self, requests: list[Request], progress: bool = False) -> list[Request]:
         """Run `requests` to completion; returns them in the given order (`progress`: a bar
         with requests done and tokens a second)."""
-        return run_to_completion(self, requests, progress)
+        return run_to_completion(self, requests, self.scheduler.add, progress)
 
     def cancel(self, request_id: int) -> Request:
         """Stop a request; it keeps its output and logprobs, finish_reason stays None."""

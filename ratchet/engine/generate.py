@@ -5,17 +5,21 @@ second, from the engine's own stats."""
 
 from __future__ import annotations
 
+from typing import Callable
+
 from ratchet.engine.request import Request, check_unique_ids
 
 
-def run_to_completion(engine, requests: list[Request], progress: bool = False) -> list[Request]:
-    """`requests` through `engine` (its `check_addable`, `add`, `step` and `stats`) until every
-    one has finished; returns them in the given order."""
+def run_to_completion(engine, requests: list[Request], queue: Callable[[Request], None],
+                      progress: bool = False) -> list[Request]:
+    """`requests` through `engine` (its `check_addable`, `step` and `stats`) until every one has
+    finished; returns them in the given order. `queue`: the engine's `add` without its check,
+    since each request was checked here already (a second check scans the queue again)."""
     pending = set(check_unique_ids(requests))
     for request in requests:  # check all before queueing any
         engine.check_addable(request)
     for request in requests:
-        engine.add(request)
+        queue(request)
     bar = progress_bar(len(requests)) if progress else None
     generated_before, wall_before = engine.stats.num_generated_tokens, engine.stats.wall_time_s
     try:

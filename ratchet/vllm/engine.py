@@ -128,6 +128,10 @@ class VllmEngine:
     def add(self, request: Request) -> None:
         """Queue a new request, or a cancelled one to resume it (prompt + output so far)."""
         self.check_addable(request)
+        self._queue(request)
+
+    def _queue(self, request: Request) -> None:
+        """`add` once `check_addable` has passed (generate checks its whole batch first)."""
         budget = min(request.max_new_tokens - len(request.output), self.max_seq_len - request.num_tokens)
         if self._stop_reason(request) is not None or budget < 1:
             self._no_budget.append(request)
@@ -168,7 +172,7 @@ class VllmEngine:
     def generate(self, requests: list[Request], progress: bool = False) -> list[Request]:
         """Run `requests` to completion; returns them in the given order (`progress`: a bar
         with requests done and tokens a second, as ratchet's engine shows)."""
-        return run_to_completion(self, requests, progress)
+        return run_to_completion(self, requests, self._queue, progress)
 
     def cancel(self, request_id: int) -> Request:
         """Stop a request; it keeps its output and logprobs, finish_reason stays None."""
