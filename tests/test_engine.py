@@ -397,3 +397,48 @@ def test_request_validation_names_the_field():
     with pytest.raises(ValueError, match="request_id"):
         Request(-1, [1], 3)
     Request(1, [1], 3, temperature=0.0, greedy=True)  # greedy allows T = 0
+    # NaN and floats compare false with every bound: refused here, not later mid-step
+    for temperature, greedy in ((float("nan"), False), (float("nan"), True), (float("inf"), False)):
+        with pytest.raises(ValueError, match="temperature must be finite"):
+            Request(1, [1], 3, temperature=temperature, greedy=greedy)
+    for bad in (float("nan"), 2.5):
+        with pytest.raises(ValueError, match="max_new_tokens must be an integer"):
+            Request(1, [1], bad)
+    with pytest.raises(ValueError, match="seed must be an integer"):
+        Request(1, [1], 3, seed=1.0)
+    assert Request(1, [1], np.int64(3), seed=np.int64(-4)).seed == -4  # NumPy ints are ints
+
+
+def test_any_int_seed_draws_as_its_value_modulo_2_32():
+    """2**64 overflowed the sampling batch's int64 mid-step; the key is the seed modulo 2**32."""
+    model = tiny_model()
+    base = Request(0, prompt(7, 5), max_new_tokens=6)
+    want = run_alone(model, fresh(base, seed=3))
+    for seed in (3 + 2**32, 3 + 2**64, 3 - 2**40):
+        assert_same_generation(run_alone(model, fresh(base, seed=seed)), want)
+
+
+def test_a_generate_that_fails_midway_leaves_the_engine_usable(monkeypatch):
+    """An error (or Ctrl-C) inside a step used to leave the batch's requests admitted, so the
+    next generate tripped over sequences never prefilled; now the batch is cancelled."""
+    model = tiny_model()
+    engine = Engine(model, max_batch_size=2, max_seq_len=64)
+    batch = [Request(i, prompt(20 + i, 4), max_new_tokens=5, seed=i) for i in range(3)]
+    real = engine.backend.decode_sample_async
+    calls = []
+
+    def fail_on_the_third(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("injected backend failure")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine.backend, "decode_sample_async", fail_on_the_third)
+    with pytest.raises(RuntimeError, match="injected"):
+        engine.generate(batch)
+    assert engine.num_unfinished == 0
+    assert all(r.finish_reason is None for r in batch)  # cancelled, as a cancel leaves them
+    monkeypatch.setattr(engine.backend, "decode_sample_async", real)
+    again = Request(9, prompt(30, 4), max_new_tokens=5, seed=9)
+    got = engine.generate([again])[0]
+    assert_same_generation(got, run_alone(model, again, max_seq_len=64))

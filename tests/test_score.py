@@ -69,6 +69,18 @@ def test_teacher_forcing_checks_its_inputs():
     with pytest.raises(ValueError, match="past the engine's max_seq_len 16"):
         engine.score([[1] * 10], [[3] * 7])
     assert engine.score([[1], [2]], [[], [5]])[0] == []
+    # -1 would be read as "draw" in an answer and wrap to the last token in a prompt
+    with pytest.raises(ValueError, match="answer 1 has token id -1, outside the vocabulary"):
+        engine.score([[1], [2]], [[3], [4, -1]])
+    with pytest.raises(ValueError, match="prompt 0 has token id -1"):
+        engine.score([[-1, 2]], [[3]])
+    with pytest.raises(ValueError, match="answer 0 has token id 64"):
+        engine.score([[1]], [[64]])
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        engine.score([[1], []], [[3], [4]])
+    for size in (0, -1):  # -1 scored nothing at all, silently
+        with pytest.raises(ValueError, match=f"batch_size must be >= 1.*got {size}"):
+            engine.score([[1]], [[3]], batch_size=size)
     engine.add(Request(0, [1, 2], max_new_tokens=3))
     with pytest.raises(RuntimeError, match="1 requests are running or waiting"):
         engine.score([[1]], [[3]])

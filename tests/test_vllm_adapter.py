@@ -322,6 +322,21 @@ def test_score_reads_the_answers_prompt_logprobs(fake):
     assert all(p.prompt_logprobs == 0 and p.max_tokens == 1 for _, _, p in added)
     with pytest.raises(NotImplementedError, match="before temperature"):
         engine.score(prompts, answers, temperature=0.7)
+    with pytest.raises(ValueError, match="answer 0 has token id -1"):  # the checks ratchet's engine makes
+        engine.score([[1]], [[-1]], temperature=1.0)
+    assert len(engine.llm.llm_engine.added) == 2  # refused before anything reached vLLM
+
+
+def test_a_generate_that_fails_midway_cancels_its_batch_in_vllm(fake):
+    engine = engine_on_fake(fake)
+    step = engine.llm.llm_engine.step
+    engine.llm.llm_engine.step = lambda: (_ for _ in ()).throw(RuntimeError("injected"))
+    batch = [Request(i, [1, 2], max_new_tokens=3, temperature=1.0, seed=i) for i in range(2)]
+    with pytest.raises(RuntimeError, match="injected"):
+        engine.generate(batch)
+    assert engine.num_unfinished == 0
+    engine.llm.llm_engine.step = step
+    assert engine.generate([Request(5, [1, 2], max_new_tokens=3, seed=5)])[0].finish_reason == "length"
 
 
 def test_vllm_compiled_under_the_trainers_deterministic_mode_is_refused_before_it_starts(fake):

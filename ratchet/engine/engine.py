@@ -236,7 +236,7 @@ class Engine:
         """`ahead`: tokens the sequences will have been given before this draw (a step
         launched before the previous one's tokens were appended)."""
         requests = [s.request for s in seqs]
-        return SamplingBatch(seeds=[r.seed for r in requests],
+        return SamplingBatch(seeds=[r.seed % 2**32 for r in requests],  # any int: the key is modulo 2**32
                              request_ids=[r.request_id for r in requests],
                              token_indices=[len(r.output) + ahead for r in requests],  # resumed: same stream
                              temperatures=[r.temperature for r in requests],

@@ -18,11 +18,11 @@ def run_to_completion(engine, requests: list[Request], queue: Callable[[Request]
     pending = set(check_unique_ids(requests))
     for request in requests:  # check all before queueing any
         engine.check_addable(request)
-    for request in requests:
-        queue(request)
     bar = progress_bar(len(requests)) if progress else None
     generated_before, wall_before = engine.stats.num_generated_tokens, engine.stats.wall_time_s
     try:
+        for request in requests:
+            queue(request)
         while pending:
             done = [r for r in engine.step() if r.request_id in pending]
             pending.difference_update(r.request_id for r in done)
@@ -31,10 +31,24 @@ def run_to_completion(engine, requests: list[Request], queue: Callable[[Request]
                 seconds = engine.stats.wall_time_s - wall_before
                 bar.set_postfix(tok_s=f"{tokens / max(seconds, 1e-9):.1f}", refresh=False)
                 bar.update(len(done))
+    except BaseException:  # an error or Ctrl-C mid-batch: leave the engine as it was found
+        _cancel(engine, pending)
+        raise
     finally:
         if bar is not None:
             bar.close()
     return list(requests)
+
+
+def _cancel(engine, request_ids) -> None:
+    """Cancel what the batch still holds in `engine`, so that a failed `generate` leaves no
+    half-started request behind for the next call to trip on (they keep their output, with
+    finish_reason None, as a cancel leaves them)."""
+    for request_id in sorted(request_ids):
+        try:
+            engine.cancel(request_id)
+        except KeyError:  # never queued, or finished before the error
+            pass
 
 
 def progress_bar(total: int):

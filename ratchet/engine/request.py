@@ -4,6 +4,8 @@ resumes with the tokens an uninterrupted run would have drawn."""
 
 from __future__ import annotations
 
+import math
+import operator
 from dataclasses import dataclass, field
 
 FINISH_REASONS = ("eos", "length")
@@ -29,10 +31,13 @@ class Request:
         self.prompt = [int(t) for t in self.prompt]
         if not self.prompt:
             raise ValueError(f"{where}: prompt is empty")
+        self.max_new_tokens = _whole(self.max_new_tokens, f"{where}: max_new_tokens")
         if self.max_new_tokens < 0:
             raise ValueError(f"{where}: max_new_tokens must be >= 0, got {self.max_new_tokens}")
-        if self.temperature < 0 or (self.temperature == 0 and not self.greedy):
-            raise ValueError(f"{where}: temperature must be > 0 unless greedy "
+        self.seed = _whole(self.seed, f"{where}: seed")
+        # NaN fails every comparison: checked as what is allowed, not as what is refused
+        if not (self.temperature > 0 or (self.greedy and self.temperature == 0)) or math.isinf(self.temperature):
+            raise ValueError(f"{where}: temperature must be finite and > 0 unless greedy "
                              f"(greedy allows 0), got {self.temperature}")
         if len(self.output) != len(self.logprobs):
             raise ValueError(f"{where}: output has {len(self.output)} tokens but logprobs "
@@ -76,6 +81,25 @@ def check_addable(request: Request, queued: bool, vocab_size: int, max_seq_len: 
                          f"under max_seq_len {max_seq_len}")
 
 
+def check_scorable(prompts: list[list[int]], answers: list[list[int]], vocab_size: int,
+                   max_seq_len: int) -> None:
+    """What every engine's `score` refuses before it runs anything: a token outside the
+    vocabulary would be read as another (NumPy wraps -1 to the last row) or as "draw"."""
+    if len(prompts) != len(answers):
+        raise ValueError(f"teacher forcing: {len(prompts)} prompts for {len(answers)} answers")
+    for i, (prompt, answer) in enumerate(zip(prompts, answers)):
+        if not len(prompt):
+            raise ValueError(f"teacher forcing: prompt {i} is empty")
+        for name, tokens in (("prompt", prompt), ("answer", answer)):
+            if len(tokens) and not (0 <= min(tokens) and max(tokens) < vocab_size):
+                bad = next(t for t in tokens if not 0 <= t < vocab_size)
+                raise ValueError(f"teacher forcing: {name} {i} has token id {bad}, outside the "
+                                 f"vocabulary [0, {vocab_size})")
+        if len(prompt) + len(answer) > max_seq_len:
+            raise ValueError(f"teacher forcing: answer {i} ({len(prompt)} + {len(answer)} tokens) "
+                             f"is past the engine's max_seq_len {max_seq_len}")
+
+
 def check_unique_ids(requests: list[Request]) -> list[int]:
     """The requests' ids, refused if one appears twice (a generate call's batch)."""
     ids = [r.request_id for r in requests]
@@ -83,3 +107,12 @@ def check_unique_ids(requests: list[Request]) -> list[int]:
         duplicate = next(i for i in ids if ids.count(i) > 1)
         raise ValueError(f"generate: request_id {duplicate} appears more than once")
     return ids
+
+
+def _whole(value, what: str) -> int:
+    """`value` as an int (NumPy integers too), refusing floats and NaN, which compare false
+    with every bound and would slip past the checks after them."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise ValueError(f"{what} must be an integer, got {value!r}") from None

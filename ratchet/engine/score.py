@@ -4,6 +4,7 @@ on a batch-invariant engine, the rollout's very bits however the answers are gro
 
 from __future__ import annotations
 
+from ratchet.engine.request import check_scorable
 from ratchet.engine.sampling import SamplingBatch
 
 
@@ -12,8 +13,10 @@ def teacher_forced_logprobs(engine, prompts: list[list[int]], answers: list[list
     """float log-probabilities of every answer token (a list per answer, empty for an empty
     answer): in groups of `batch_size`, each prompt prefilled, then one decode step per answer
     token with the next one forced. `engine` must be idle; its slots are left free."""
-    if len(prompts) != len(answers):
-        raise ValueError(f"teacher forcing: {len(prompts)} prompts for {len(answers)} answers")
+    check_scorable(prompts, answers, engine.cfg.vocab_size, engine.max_seq_len)
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"teacher forcing: batch_size must be >= 1 (or None: the engine's "
+                         f"{engine.max_batch_size}), got {batch_size}")
     engine.drain("teacher forcing")  # refuses a busy engine; waits for a step launched ahead
     be = engine.backend
     size = min(batch_size or engine.max_batch_size, engine.max_batch_size)
@@ -21,10 +24,6 @@ def teacher_forced_logprobs(engine, prompts: list[list[int]], answers: list[list
     todo = [i for i, a in enumerate(answers) if len(a)]
     for begin in range(0, len(todo), size):
         group = todo[begin:begin + size]
-        for i in group:
-            if len(prompts[i]) + len(answers[i]) > engine.max_seq_len:
-                raise ValueError(f"teacher forcing: answer {i} ({len(prompts[i])} + {len(answers[i])} "
-                                 f"tokens) is past the engine's max_seq_len {engine.max_seq_len}")
         slots = list(range(len(group)))
         try:
             _, lp = be.prefill_sample(slots, [prompts[i] for i in group],

@@ -36,7 +36,7 @@ import numpy as np
 
 from ratchet.engine.engine import EngineStats, engine_limits
 from ratchet.engine.generate import run_to_completion
-from ratchet.engine.request import Request, check_addable, stop_reason
+from ratchet.engine.request import Request, check_addable, check_scorable, stop_reason
 from ratchet.model.checksum import block_checksums
 from ratchet.vllm.names import PADDED_VOCAB, hf_update, vllm_parameter
 
@@ -249,8 +249,7 @@ class VllmEngine:
         """The log-probability of every answer token by vLLM's prompt log-probs (one prefill
         per answer, vLLM batching them; `batch_size` unused). Only at T = 1 (or 0, greedy):
         vLLM takes prompt log-probs before temperature."""
-        if len(prompts) != len(answers):
-            raise ValueError(f"teacher forcing: {len(prompts)} prompts for {len(answers)} answers")
+        check_scorable(prompts, answers, self.cfg.vocab_size, self.max_seq_len)
         if temperature not in (0, 1):
             raise NotImplementedError(f"score at temperature {temperature} on engine.backend 'vllm': "
                                       "vLLM's prompt log-probabilities are before temperature")
@@ -261,9 +260,6 @@ class VllmEngine:
         for i, (prompt, answer) in enumerate(zip(prompts, answers)):
             if not answer:
                 continue
-            if len(prompt) + len(answer) > self.max_seq_len:
-                raise ValueError(f"teacher forcing: answer {i} ({len(prompt)} + {len(answer)} tokens) "
-                                 f"is past the engine's max_seq_len {self.max_seq_len}")
             vllm_id = f"score-{next(self._ids)}"
             params = sampling(temperature=0.0, max_tokens=1, prompt_logprobs=0, detokenize=False)
             self.llm.llm_engine.add_request(vllm_id, {"prompt_token_ids": list(prompt) + list(answer)}, params)
