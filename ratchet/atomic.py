@@ -14,10 +14,18 @@ def _temporary(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp")
 
 
+def _replace(tmp: Path, path: Path, write) -> None:
+    """`write(tmp)`, then `tmp` renamed over `path`; the temporary removed if either fails."""
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def write_text(path: Path, text: str) -> None:
-    tmp = _temporary(path)
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    _replace(_temporary(path), path, lambda tmp: tmp.write_text(text))
 
 
 def write_json(path: Path, obj) -> None:
@@ -30,6 +38,4 @@ def write_parquet(path: Path, frame) -> None:
 
     if not isinstance(frame, pd.DataFrame):
         frame = pd.DataFrame(frame)
-    tmp = _temporary(path)
-    frame.to_parquet(tmp, index=False)
-    os.replace(tmp, path)
+    _replace(_temporary(path), path, lambda tmp: frame.to_parquet(tmp, index=False))

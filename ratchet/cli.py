@@ -130,11 +130,16 @@ def main(argv: list[str] | None = None) -> int:
     cfg = jobs = None
     try:
         cfg = _config(args)
+        from ratchet.preflight import check_settings
+
+        check_settings(cfg)  # a bad pair of keys names them before any work, as in the pipeline
         if args.stage == "config":
             text = json.dumps(cfg, indent=2, sort_keys=True) + "\n"
             if args.out:
                 from ratchet.atomic import write_text
 
+                if Path(args.out).is_dir():
+                    raise InputError(f"config --out {args.out}: is a directory (give a file's path)")
                 write_text(Path(args.out), text)
             else:
                 print(text, end="")

@@ -5,6 +5,7 @@ key stops the run before any work starts, with the key named."""
 from __future__ import annotations
 
 import copy
+import shlex
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -129,6 +130,17 @@ def apply_overrides(cfg: dict, overrides: list[str]) -> dict:
                 raise ConfigError(f"config override {item!r}: {part!r} is not a section")
         node[parts[-1]] = parse_value(text)
     return cfg
+
+
+def set_overrides(text) -> list[str]:
+    """`--config set='train.steps=10 data.train_path="/my data/t.jsonl"'` as key=value items,
+    split as a shell splits them (quotes keep spaces)."""
+    try:
+        return shlex.split(str(text or ""))
+    except ValueError as e:
+        raise ConfigError(f"config set={text!r}: {e} (Snakemake drops a quote that ends the whole "
+                          "--config value: put the quoted item before another one, or end with a "
+                          "space inside the outer quotes)") from None
 
 
 def load(path: str | Path | None, overrides: list[str] = ()) -> dict:

@@ -16,6 +16,23 @@ from ratchet.errors import InputError
 CPU_MAX_PARAMS = 50_000_000
 
 
+def check_settings(cfg: dict) -> None:
+    """The rules that span keys of a stage's settings (GRPO's, the ablations' and each of their
+    runs'), checked when the config is loaded rather than when the stage runs: a bad pair of
+    keys stops the pipeline before its first rule, as a bad key does. Raises ConfigError."""
+    from ratchet.config import ConfigError
+    from ratchet.mismatch.ablation import FIX_RUNS, AblateSettings
+    from ratchet.mismatch.learning import LearningSettings
+
+    ablate = AblateSettings.from_config(cfg)  # GRPOConfig.from_config(cfg) within
+    LearningSettings.from_config(cfg)
+    for run in FIX_RUNS:  # each ablation run's GRPO settings: ablate's keys over train's
+        try:
+            ablate.grpo(run)
+        except ConfigError as e:  # a key of ablate's (a run's own few are fixed and valid)
+            raise ConfigError(f"config ablate: {str(e).removeprefix('config train: ')}") from None
+
+
 def estimated_parameters(model_cfg: dict) -> int | None:
     """The model's parameter count as far as it is known before download (None: unknown)."""
     source, path = model_cfg["source"], model_cfg.get("path")
@@ -23,13 +40,14 @@ def estimated_parameters(model_cfg: dict) -> int | None:
         t = model_cfg["tiny"]  # without the embedding of the task's few dozen characters
         per_layer = 4 * t["hidden_size"] ** 2 + 3 * t["hidden_size"] * t["intermediate_size"]
         return t["num_layers"] * per_layer
-    if source == "hub" or not path or not Path(path).exists():
+    if source == "hub" or not path or not Path(path).expanduser().exists():
         return None
+    path = Path(path).expanduser()  # as download_model reads it
     if source == "gguf":
-        from ratchet.model.gguf_file import read_gguf
+        from ratchet.model.convert_gguf import open_gguf
 
-        return sum(t.n_elements for t in read_gguf(path).tensors)
-    return _safetensors_parameters(Path(path))
+        return sum(t.n_elements for t in open_gguf(path).tensors)
+    return _safetensors_parameters(path) if path.is_dir() else None
 
 
 def _safetensors_parameters(model_dir: Path) -> int | None:
@@ -66,7 +84,8 @@ def check_device(cfg: dict, backend: str) -> None:
     elif m["source"] == "hub":
         size = f"the hub model {m['repo_id']}"
     else:
-        size = f"the model at {m['path']} (not found, so of unknown size)"
+        found = Path(m["path"]).expanduser().exists()
+        size = f"the model at {m['path']} ({'no *.safetensors directory' if found else 'not found'}, so of unknown size)"
     raise InputError(f"config: {cfg['run_name']} has {size} and no CUDA GPU is usable here, so "
                      "engine.backend 'auto' would run it on the NumPy reference engine for hours; "
                      "run it on a GPU machine, or insist with engine.backend=numpy")

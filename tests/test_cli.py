@@ -14,7 +14,7 @@ import pytest
 from snakemake_run import clean_env, run_snakemake
 
 from ratchet import cli
-from ratchet.config import ConfigError, load, validate
+from ratchet.config import ConfigError, load, set_overrides, validate
 from ratchet.stages import STAGES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -133,3 +133,50 @@ def test_two_writers_of_one_run_directory_are_refused(tmp_path):
         with pytest.raises(InputError, match="is being written by another process"):
             with run_directory_lock(cfg, exclusive=True):
                 pass
+
+
+def test_keys_that_disagree_stop_the_pipeline_before_its_first_rule(tmp_path):
+    """Rules spanning keys used to be checked only when the training or ablation ran, after
+    download, conversion and the baseline eval, as a traceback."""
+    proc = run_snakemake(tmp_path, "-n", "--config", "set=train.mis_low=3 train.mis_high=2", env=_env(), timeout=300)
+    assert proc.returncode != 0
+    assert "ratchet: config train: mis_low 3 is above mis_high 2" in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["train.num_workers=2", "train.problems_per_step=3"],
+     "config train: problems_per_step 3 must be a multiple of num_workers 2"),
+    (["train.exact_forward=true", "train.round_weights=false"], "config train: exact_forward needs round_weights"),
+    (["ablate.mis_low=3", "ablate.mis_high=2"], "config ablate: mis_low 3 is above mis_high 2"),
+])
+def test_a_stage_run_by_hand_names_keys_that_disagree_in_one_line(tmp_path, capsys, overrides, message):
+    assert cli.main(["train_colocated", f"results_dir={tmp_path}", *overrides]) == 2
+    assert capsys.readouterr().err.strip().startswith(f"ratchet: {message}")
+    assert not any(tmp_path.iterdir())  # nothing ran
+
+
+def test_an_unbalanced_quote_in_set_names_set_and_the_way_out():
+    """Snakemake drops the quote that ends a whole --config value, so set='... b="x y"' arrives
+    unbalanced; shlex's own "No closing quotation" named nothing."""
+    with pytest.raises(ConfigError, match=r"config set=.*No closing quotation.*before another one"):
+        set_overrides("train.steps=3 data.train_path='/my data/t.jsonl")
+    assert set_overrides("data.train_path='/my data/t.jsonl' train.steps=3") == [
+        "data.train_path=/my data/t.jsonl", "train.steps=3"]
+
+
+def test_config_out_to_a_directory_is_one_line_and_leaves_no_temporary(tmp_path, capsys):
+    target = tmp_path / "here"
+    target.mkdir()
+    assert cli.main(["config", "--out", str(target)]) == 2
+    assert capsys.readouterr().err.strip() == f"ratchet: config --out {target}: is a directory (give a file's path)"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["here"]
+
+
+def test_a_failed_atomic_write_removes_its_temporary(tmp_path):
+    from ratchet.atomic import write_text
+
+    (tmp_path / "out.json").mkdir()  # the rename onto it fails
+    with pytest.raises(OSError):
+        write_text(tmp_path / "out.json", "{}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json"]

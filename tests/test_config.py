@@ -162,6 +162,7 @@ def test_paper_profile_pins_revisions_and_study_settings():
     ({"model": {"tiny": {"hidden_sise": 8}}}, "'model.tiny.hidden_sise'"),
     ({"model": {"tiny": {"hidden_size": "wide"}}}, "'model.tiny.hidden_size'"),
     ({"seed": 1.5}, "'seed'"),
+    ({"seed": -1}, "'seed'"),  # NumPy's generators refuse it, once a stage ran
     ({"engine": {"dtype": "fp8"}}, "'engine.dtype'"),
     ({"model": {"source": "gguf"}, "data": {"source": "local", "train_path": "a", "test_path": "b"}},
      "'model.path'"),

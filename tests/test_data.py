@@ -118,6 +118,12 @@ def test_local_jsonl_and_parquet(tmp_path):
     assert gsm8k_target("#### 1 ####  2,000 ") == "2000" and gsm8k_target("no marker") is None
 
 
+def test_a_byte_order_mark_on_the_first_line_is_allowed(tmp_path):
+    plain = write_jsonl(tmp_path / "plain.jsonl", ROWS)
+    (tmp_path / "bom.jsonl").write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())  # as Windows tools save
+    pd.testing.assert_frame_equal(read_gsm8k_file(tmp_path / "bom.jsonl"), read_gsm8k_file(plain))
+
+
 @pytest.mark.parametrize("make, error, message", [
     (lambda p: p / "absent.jsonl", FileNotFoundError, r"GSM8K file .*absent\.jsonl not found"),
     (lambda p: write_jsonl(p / "empty.jsonl", []), ValueError, r"empty\.jsonl: no rows"),
@@ -133,6 +139,9 @@ def test_local_jsonl_and_parquet(tmp_path):
      r"json\.jsonl line 2: not valid JSON"),
     (lambda p: write_jsonl(p / "type.jsonl", [{"question": 3, "answer": "#### 3"}]), ValueError,
      r"type\.jsonl line 1: column 'question' is empty or not text"),
+    (lambda p: (p / "latin1.jsonl").write_bytes(b'{"question": "q?", "answer": "#### 1"}\n'
+                                                 b'{"question": "K\xe4se?", "answer": "#### 2"}\n')
+     and p / "latin1.jsonl", ValueError, r"latin1\.jsonl line 2: not UTF-8 text \(byte 0xe4 at column 16\)"),
     (lambda p: (p / "data.csv").write_text("q,a\n") and p / "data.csv", ValueError,
      r"data\.csv: expected a \.jsonl or \.parquet file"),
 ])

@@ -54,6 +54,33 @@ def test_head_dim_disagreeing_with_the_weights_is_named(hf_dir):
         convert_hf(hf_dir)
 
 
+@pytest.mark.parametrize("name, text, message", [
+    ("config.json", None, r"config\.json: missing key 'num_attention_heads'"),
+    ("config.json", '{"vocab_size": 32,\n', r"config\.json: not valid JSON"),
+    ("config.json", "[1, 2]", r"config\.json: expected a JSON object, got list"),
+    ("generation_config.json", "{eos", r"generation_config\.json: not valid JSON"),
+])
+def test_a_broken_json_file_of_the_model_is_named(hf_dir, name, text, message):
+    if text is None:
+        _edit_config(hf_dir, drop=["num_attention_heads"])
+    else:
+        (hf_dir / name).write_text(text)
+    with pytest.raises(InputError, match=message):
+        read_hf_config(hf_dir)
+
+
+@pytest.mark.parametrize("content", [None, b"", b"not a gguf file at all"])  # None: a directory
+def test_a_model_path_that_is_no_gguf_file_is_named_before_the_pipeline_starts(tmp_path, content):
+    from ratchet.preflight import estimated_parameters
+
+    path = tmp_path
+    if content is not None:
+        path = tmp_path / "model.gguf"
+        path.write_bytes(content)
+    with pytest.raises(InputError, match=f"{path}: not a readable GGUF file"):
+        estimated_parameters({"source": "gguf", "path": str(path)})
+
+
 def test_unsupported_gguf_architecture_is_refused_from_the_header(tmp_path):
     path = tmp_path / "gpt2.gguf"
     writer = gguf.GGUFWriter(str(path), "gpt2")

@@ -49,6 +49,20 @@ def test_a_large_model_on_numpy_is_refused_with_the_way_to_insist(tmp_path, monk
     preflight.check_device(_local(tmp_path / "m.gguf", backend="numpy"), "numpy")  # insisted
 
 
+def test_a_model_path_under_home_is_read_as_download_model_reads_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    _gguf(tmp_path / "m.gguf", 4096)
+    assert preflight.estimated_parameters(_local("~/m.gguf")["model"]) == 4096  # None before: "not found"
+
+
+def test_a_local_model_path_that_is_a_file_is_not_called_missing(tmp_path):
+    (tmp_path / "weights.bin").write_bytes(b"x")
+    cfg = validate({"run_name": "local", "model": {"source": "local", "path": str(tmp_path / "weights.bin")},
+                    "data": {"source": "local", "train_path": "a.jsonl", "test_path": "b.jsonl"}})
+    with pytest.raises(InputError, match=r"weights\.bin \(no \*\.safetensors directory, so of unknown size\)"):
+        preflight.check_device(cfg, "numpy")
+
+
 def test_a_hub_model_counts_as_large():
     cfg = validate({"run_name": "paper", "model": {"source": "hub"}, "data": {"source": "hub"}})
     with pytest.raises(InputError, match="the hub model Qwen"):

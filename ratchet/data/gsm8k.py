@@ -108,8 +108,15 @@ def load_gsm8k_hub(repo_id: str = GSM8K_REPO, config: str = GSM8K_CONFIG,
 
 
 def _jsonl_records(path: Path):
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
+    """(line number, object) for each non-blank line; read as bytes and decoded a line at a
+    time, so that text that is not UTF-8 is named by its line (a BOM on the first is allowed)."""
+    with path.open("rb") as lines:
+        for number, raw in enumerate(lines, start=1):
+            try:
+                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+            except UnicodeDecodeError as exc:
+                raise InputError(f"{path} line {number}: not UTF-8 text (byte {raw[exc.start]:#04x} "
+                                 f"at column {exc.start + 1})") from None
             if not line.strip():
                 continue
             try:

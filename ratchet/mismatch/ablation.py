@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields
 
 import pandas as pd
 
+from ratchet.config import ConfigError
 from ratchet.rl.settings import GRPOConfig, lookup
 
 # the GRPO knobs of each ablation run, over the profile's `train:` settings
@@ -77,14 +78,14 @@ class AblateSettings:
         self.fix_runs = tuple(self.fix_runs)
         unknown = set(self.fix_runs) - set(FIX_RUNS)
         if unknown:
-            raise ValueError(f"config ablate.fix_runs: {sorted(unknown)} not in {tuple(FIX_RUNS)}")
+            raise ConfigError(f"config ablate.fix_runs: {sorted(unknown)} not in {tuple(FIX_RUNS)}")
         if not self.updates or self.updates[0] < 0:
-            raise ValueError("config ablate.updates: needs update counts >= 0")
+            raise ConfigError("config ablate.updates: needs update counts >= 0")
         if self.gradient_updates is None:
             self.gradient_updates = self.updates
         self.gradient_updates = tuple(sorted(set(int(u) for u in self.gradient_updates)))
         if not self.gradient_updates or self.gradient_updates[0] < 0:
-            raise ValueError(f"config ablate.gradient_updates: needs update counts >= 0, "
+            raise ConfigError(f"config ablate.gradient_updates: needs update counts >= 0, "
                              f"got {list(self.gradient_updates)}")
 
     @staticmethod

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from ratchet.config import ConfigError
 from ratchet.mismatch.ablation import (
     ENGINE_DTYPES,
     FIX_RUNS,
@@ -41,16 +42,16 @@ class LearningSettings:
         object.__setattr__(self, "runs", tuple(self.runs))
         key = "config ablate.learning"
         if not isinstance(self.steps, int) or self.steps < 1:
-            raise ValueError(f"{key}.steps: {self.steps!r}; needs an integer >= 1")
+            raise ConfigError(f"{key}.steps: {self.steps!r}; needs an integer >= 1")
         if not isinstance(self.eval_every, int) or self.eval_every < 1:
-            raise ValueError(f"{key}.eval_every: {self.eval_every!r}; needs an integer >= 1")
+            raise ConfigError(f"{key}.eval_every: {self.eval_every!r}; needs an integer >= 1")
         if self.eval_problems is not None and (not isinstance(self.eval_problems, int) or self.eval_problems < 1):
-            raise ValueError(f"{key}.eval_problems: {self.eval_problems!r}; needs an integer >= 1 or null")
+            raise ConfigError(f"{key}.eval_problems: {self.eval_problems!r}; needs an integer >= 1 or null")
         for name, values, known in (("runs", self.runs, tuple(FIX_RUNS)),
                                     ("engine_dtypes", self.engine_dtypes, ENGINE_DTYPES)):
             unknown = [v for v in values if v not in known]
             if unknown or not values or len(set(values)) < len(values):
-                raise ValueError(f"{key}.{name}: {list(values)}; needs distinct entries of {known}")
+                raise ConfigError(f"{key}.{name}: {list(values)}; needs distinct entries of {known}")
 
     @classmethod
     def from_config(cls, cfg: dict) -> "LearningSettings":

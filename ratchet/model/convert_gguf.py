@@ -65,7 +65,7 @@ def convert_gguf(path: str | Path, tokenizer_out_dir: str | Path) -> tuple[Model
 
     print(f"reading {path}")
     start = time.perf_counter()
-    reader = _open(path)
+    reader = open_gguf(path)
     cfg = read_gguf_config(reader, path)
     # The tokenizer from the fields already read (byte-level BPE, Qwen2's pre-tokenizer);
     # any other through transformers' conversion, which parses the metadata again, in a second
@@ -93,7 +93,8 @@ def _write_own_tokenizer(reader: GGUFFile, path: Path, out_dir) -> bool:
         raise InputError(f"{path}: cannot read the tokenizer metadata: {type(e).__name__}: {e}") from None
 
 
-def _open(path: Path) -> GGUFFile:
+def open_gguf(path: Path) -> GGUFFile:
+    """The GGUF file at `path`, or one error naming it (a directory, a wrong or empty file)."""
     try:
         return read_gguf(path)
     except Exception as e:  # ValueError on bad bytes; OSError on an unreadable file
@@ -159,7 +160,7 @@ def check_gguf_architecture(path: str | Path) -> str:
     """The file's architecture, refused unless supported; reads the header only (the tensors
     are memory-mapped, not read), so a wrong file fails before it is hashed or dequantised."""
     path = Path(path)
-    arch = _open(path).fields.get("general.architecture")
+    arch = open_gguf(path).fields.get("general.architecture")
     if arch not in ARCHS:
         raise InputError(f"{path}: unsupported architecture {arch!r} (supported: {', '.join(ARCHS)})")
     return arch

@@ -19,6 +19,9 @@ from ratchet.model.layout import check_weights, expected_shapes
 from ratchet.model.safetensors_io import load_fp32
 
 ARCHITECTURES = {"Qwen2ForCausalLM": "qwen2", "LlamaForCausalLM": "llama"}
+# what config.json must state (the rest has defaults both architectures share)
+REQUIRED_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                 "num_attention_heads")
 
 # HF name -> engine name before fusion; `{}` is the layer index, None means "recomputed, drop".
 WEIGHT_MAP = {
@@ -66,7 +69,11 @@ def read_hf_config(src_dir: Path) -> ModelConfig:
     if not path.is_file():
         raise MissingInputError(f"{src_dir}: missing config.json")
     print(f"reading {path}")
-    hf = json.loads(path.read_text())
+    hf = _read_json(path)
+    missing = [k for k in REQUIRED_KEYS if k not in hf]
+    if missing:
+        raise InputError(f"{path}: missing key {missing[0]!r} (a model's config.json states "
+                         f"{', '.join(REQUIRED_KEYS)})")
     names = hf.get("architectures") or [hf.get("model_type")]
     arch = ARCHITECTURES.get(names[0])
     if arch is not None and hf.get("model_type") not in (None, arch):
@@ -101,6 +108,17 @@ def read_hf_config(src_dir: Path) -> ModelConfig:
         eos_token_ids=_eos_ids(src_dir, hf),
         pad_token_id=hf.get("pad_token_id"),
     )
+
+
+def _read_json(path: Path) -> dict:
+    """A model directory's JSON file as a mapping, or one error naming the file."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise InputError(f"{path}: expected a JSON object, got {type(value).__name__}")
+    return value
 
 
 def _check_heads(source: dict, cfg: ModelConfig, path: Path) -> None:
@@ -149,7 +167,7 @@ def _eos_ids(src_dir: Path, hf: dict) -> list[int]:
     gen_path = src_dir / "generation_config.json"
     if gen_path.is_file():
         print(f"reading {gen_path}")
-        sources.append(json.loads(gen_path.read_text()))
+        sources.append(_read_json(gen_path))
     for source in sources:
         eos = source.get("eos_token_id")
         for token in eos if isinstance(eos, list) else [eos]:
@@ -164,7 +182,9 @@ def load_hf_tensors(src_dir: Path) -> dict[str, np.ndarray]:
         files = [single]
     elif index.is_file():
         print(f"reading {index}")
-        weight_map = json.loads(index.read_text())["weight_map"]
+        weight_map = _read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise InputError(f"{index}: no 'weight_map' object (tensor name -> file)")
         files = [src_dir / name for name in dict.fromkeys(weight_map.values())]
     else:
         raise MissingInputError(f"{src_dir}: no model.safetensors or model.safetensors.index.json")

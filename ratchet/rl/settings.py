@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from ratchet.config import ConfigError
+
 # the fields read from `train.split` rather than `train`, and those from outside `train`
 _SPLIT_KEYS = ("ahead", "extra_groups", "max_staleness", "engine_in")
 _OUTSIDE_TRAIN = {"seed": ("seed",), "engine_dtype": ("engine", "dtype")}
@@ -87,10 +89,12 @@ class GRPOConfig:
             (self.engine_in in ("auto", "thread", "process"), "split.engine_in must be auto, thread or process"),
             (self.temperature > 0, "temperature must be > 0"),
             (self.round_weights or not self.exact_forward, "exact_forward needs round_weights"),
+            (self.mis_low <= self.mis_high,
+             f"mis_low {self.mis_low} is above mis_high {self.mis_high} (MIS would mask every token)"),
         ]
         for ok, message in checks:
             if not ok:
-                raise ValueError(f"config train: {message}")
+                raise ConfigError(f"config train: {message}")
 
     @staticmethod
     def schema_key(name: str) -> tuple[str, ...]:

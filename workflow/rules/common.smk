@@ -3,16 +3,16 @@ import math
 import os
 import sys
 from shlex import quote as shlex_quote
-from shlex import split as shlex_split
 
 from snakemake.settings.types import DeploymentMethod
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 import ratchet.config
+from ratchet.config import set_overrides
 from ratchet.device import resolve_backend
 from ratchet.gpu_oom import check_gpu_memory
-from ratchet.preflight import check_device
+from ratchet.preflight import check_device, check_settings
 from ratchet.tracking_store import TrackingStoreError, check_store
 from ratchet.paths import RunPaths
 from ratchet.stages import export_to_jobs, gpu_memory_wanted, settings
@@ -27,9 +27,10 @@ from ratchet.tracking import enabled as tracking_enabled
 # `--config set='train.steps=10 eval.num_problems=50'`: dotted keys, which Snakemake's own
 # --config refuses; applied over the profile like the CLI's key=value overrides.
 try:
-    resolved = ratchet.config.apply_overrides(config, shlex_split(str(config.pop("set", "") or "")))
+    resolved = ratchet.config.apply_overrides(config, set_overrides(config.pop("set", "")))
     config.clear()
     config.update(ratchet.config.validate(resolved))
+    check_settings(config)  # rules spanning keys (train.mis_low <= mis_high, ...)
     BACKEND = resolve_backend(config["engine"]["backend"])
     check_device(config, BACKEND)
 except (ValueError, RuntimeError) as e:  # ConfigError, InputError, resolve_backend's
