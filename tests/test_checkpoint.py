@@ -47,6 +47,27 @@ def test_save_load_latest_and_pruning(tmp_path):
     assert {p.suffix for p in (tmp_path / "step-000006").iterdir()} == {".safetensors", ".json"}
 
 
+def test_a_run_keeps_its_own_checkpoints_beside_a_stale_runs_later_ones(tmp_path, capsys):
+    """A killed run under other settings left steps 8 and 10; pruning by step alone removed
+    this run's step 2 and 4 as they were written, so a kill after them started over."""
+    tensors = {"policy": {"a.weight": torch.zeros(2)}}
+    for step in (8, 10):
+        save_checkpoint(tmp_path, step, tensors, {"digest": "old settings"}, keep=2)
+    save_checkpoint(tmp_path, 2, tensors, {"digest": "new"}, keep=2)
+    assert "removed 2 checkpoint(s) of an earlier run" in capsys.readouterr().out
+    save_checkpoint(tmp_path, 4, tensors, {"digest": "new"}, keep=2)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step-000002", "step-000004"]
+    assert latest_checkpoint(tmp_path, "new").name == "step-000004"
+    # a fresh run under the same settings (resume off) replaces an earlier one's later steps too
+    save_checkpoint(tmp_path, 9, tensors, {"digest": "new"}, keep=2)
+    save_checkpoint(tmp_path, 3, tensors, {"digest": "new"}, keep=2)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step-000003"]
+    save_checkpoint(tmp_path, 5, tensors, {"digest": "new"}, keep=3)
+    save_checkpoint(tmp_path, 7, tensors, {"digest": "new"}, keep=3)
+    save_checkpoint(tmp_path, 9, tensors, {"digest": "new"}, keep=3)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step-000005", "step-000007", "step-000009"]
+
+
 def test_a_checkpoint_written_behind_the_run_is_the_one_written_in_place(tmp_path, monkeypatch, capsys):
     """CheckpointWriter takes the tensors and the state as they are when asked (the run goes
     on changing both while the thread writes), writes the same files as save_checkpoint, keeps

@@ -82,7 +82,7 @@ def test_verify_releases_the_pool_after_each_mode(monkeypatch, tmp_path):
 
     events = []
     trace = pd.DataFrame({"step": [0, 1], **{q: ["0x1p+0", "0x1p+1"] for q in verify_stage.QUANTITIES}})
-    paths = types.SimpleNamespace(verify_dir=tmp_path / "verify", verify_json=tmp_path / "verify.json",
+    paths = types.SimpleNamespace(root=tmp_path, verify_dir=tmp_path / "verify", verify_json=tmp_path / "verify.json",
                                   train_trace=lambda mode: tmp_path / f"{mode}.parquet")
     for mode in verify_stage.MODES:
         trace.to_parquet(paths.train_trace(mode))

@@ -280,6 +280,20 @@ def test_one_step_ahead_with_lr0_equals_synchronous(cfg, tmp_path):
     assert lag.tolist() == [0, 1, 1, 1]
 
 
+def test_a_worker_whose_first_groups_all_tie_adds_zero_gradients(cfg, tmp_path):
+    """With 8 problems over two workers, the second's four groups of step 0 all score alike
+    (no answer kept): it ran no backward, its parameters had no .grad yet, and the gradient
+    sum failed there (the first worker saw only gloo's "connection closed")."""
+    from ratchet.rl.colocated import run_colocated
+
+    kw = dict(steps=2, problems_per_step=8)
+    two = run_colocated(short_job(cfg, "colocated", tmp_path / "w2", num_workers=2, **kw))
+    run_colocated(short_job(cfg, "colocated", tmp_path / "w1", num_workers=1, **kw))
+    m2, m1 = (pd.read_parquet(tmp_path / n / "metrics.parquet") for n in ("w2", "w1"))
+    assert two["num_workers"] == 2 and m2["train/num_sequences"].tolist() == m1["train/num_sequences"].tolist()
+    assert np.allclose(m2["train/grad_norm"], m1["train/grad_norm"], rtol=1e-4, atol=1e-7)
+
+
 def test_colocated_two_gloo_workers_match_one(cfg, tmp_path):
     """Two data-parallel workers (gloo) take the stream positions one worker would, with the
     same request ids, so they sample the same answers; the summed gradients of their token

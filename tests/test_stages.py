@@ -132,3 +132,26 @@ def test_engine_fp16_gap_is_measured_not_hidden(tiny_engine_model):
           f"{same:.2e} against the trainer on fp16-rounded weights")
     # rounding the weights is most of the gap; fp16 activations in the engine are the rest
     assert masters > 1e-5 and same < masters
+
+
+def test_verify_refuses_trainings_made_under_other_settings(tmp_path):
+    """Run by hand after a config edit, verify reran the steps under the new settings and
+    reported the difference as non-determinism (`DIVERGES at step 0`)."""
+    from ratchet.config import validate
+    from ratchet.errors import InputError
+    from ratchet.paths import RunPaths
+    from ratchet.stages.guard import write_stamp
+    from ratchet.stages.verify import check_same_training
+
+    trained = validate({"results_dir": str(tmp_path), "train": {"lr": 2e-3}})
+    paths = RunPaths.from_config(trained)
+    check_same_training(trained, paths)  # no stamps: made outside the pipeline, nothing to compare
+    for mode in ("colocated", "split"):
+        write_stamp(f"train_{mode}", trained)
+    check_same_training(trained, paths)
+    # what the reruns do not depend on may differ
+    check_same_training(validate({"results_dir": str(tmp_path), "train": {"lr": 2e-3, "steps": 3, "verify_steps": 1},
+                                  "eval": {"num_problems": 5}}), paths)
+    with pytest.raises(InputError, match=r"verify: .*colocated.*made under other settings "
+                                         r"\(train\.lr: 0\.002 -> 0\.001\); rerun train_colocated"):
+        check_same_training(validate({"results_dir": str(tmp_path), "train": {"lr": 1e-3}}), paths)

@@ -48,9 +48,26 @@ def _write(root: Path, step: int, host: dict[str, dict[str, torch.Tensor]], stat
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
-    for old in list_checkpoints(root)[:-keep] if keep > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
+    _prune(root, final, step, json.loads(state_text).get("digest"), keep)
     return final
+
+
+def _prune(root: Path, final: Path, step: int, digest: str | None, keep: int) -> None:
+    """Keep the `keep` newest checkpoints of this run (`final` among them; all where keep <= 0)
+    and remove those no resume of it can use: written under other settings, or past `step` (an
+    earlier run's; this one writes its steps in order). Sorting them all by step, as before,
+    removed a run's own new checkpoints while a stale run's later steps were there."""
+    own, stale = [], []
+    for path in list_checkpoints(root):
+        if path != final:
+            ours = int(_STEP_DIR.match(path.name).group(1)) < step and read_state(path).get("digest") == digest
+            (own if ours else stale).append(path)
+    gone = stale + (own[:len(own) - (keep - 1)] if keep > 0 else [])
+    for path in gone:
+        shutil.rmtree(path, ignore_errors=True)
+    if stale:
+        print(f"[checkpoint] removed {len(stale)} checkpoint(s) of an earlier run under {root} "
+              f"(other settings, or steps past {step}): {', '.join(p.name for p in stale)}\n", end="", flush=True)
 
 
 class CheckpointWriter:

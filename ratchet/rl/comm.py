@@ -68,6 +68,9 @@ class Comm:
     def sum_grads(self, params: list[torch.nn.Parameter]) -> None:
         if self.world == 1:
             return
+        for p in params:
+            if p.grad is None:  # a worker that held no answer yet ran no backward: it adds zeros
+                p.grad = torch.zeros_like(p)
         grads = [p.grad for p in params]
         flat = torch.cat([g.reshape(-1) for g in grads]).to(self.device)  # one collective, not one per tensor
         torch.distributed.all_reduce(flat, group=self.group)

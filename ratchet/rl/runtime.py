@@ -144,3 +144,5 @@ class Workers:
         self.watcher.join()
         if self.error is not None and not failed:
             raise RuntimeError(f"a worker failed: {self.error}") from self.error
+        if self.error is not None:  # this process's error may only be the echo of the worker's
+            print(f"a worker failed too: {self.error}", file=sys.stderr, flush=True)

@@ -39,15 +39,23 @@ def check_overwrite(stage: str, cfg: dict, job: dict | None = None) -> None:
     """Refuse to replace outputs that were made under other settings; name the keys that differ."""
     paths = RunPaths.from_config(cfg)
     existing = [p for p in writes(stage, paths, job, cfg) if p.exists()]
-    stamp = stamp_path(paths, job_label(stage, job))
-    if not existing or not stamp.is_file():
-        return
-    before, now = flatten(json.loads(stamp.read_text())["settings"]), flatten(settings(stage, cfg))
-    changed = sorted(k for k in before.keys() | now.keys() if before.get(k) != now.get(k))
-    if changed:
-        diff = ", ".join(f"{k}: {before.get(k)} -> {now.get(k)}" for k in changed[:4])
+    diff = changed_settings(paths, stage, job, cfg) if existing else None
+    if diff:
         raise InputError(f"{stage}: {existing[0]} was made under other settings ({diff}); "
                          "rerun it through snakemake, write elsewhere (results_dir=...), or pass --force")
+
+
+def changed_settings(paths: RunPaths, stage: str, job: dict | None, cfg: dict, ignore=()) -> str | None:
+    """The first keys (`before -> now`) where the settings `stage`'s outputs were stamped with
+    differ from `cfg`'s, leaving out the keys in `ignore` and those under them; None where
+    they agree or there is no stamp."""
+    stamp = stamp_path(paths, job_label(stage, job))
+    if not stamp.is_file():
+        return None
+    before, now = flatten(json.loads(stamp.read_text())["settings"]), flatten(settings(stage, cfg))
+    changed = sorted(k for k in before.keys() | now.keys() if before.get(k) != now.get(k)
+                     and not any(k == i or k.startswith(f"{i}.") for i in ignore))
+    return ", ".join(f"{k}: {before.get(k)} -> {now.get(k)}" for k in changed[:4]) or None
 
 
 @contextlib.contextmanager

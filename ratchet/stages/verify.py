@@ -9,7 +9,9 @@ import shutil
 import pandas as pd
 
 from ratchet.atomic import write_json
+from ratchet.errors import InputError
 from ratchet.paths import RunPaths
+from ratchet.stages.guard import changed_settings
 from ratchet.stages.train import MODES, make_job, run_mode
 
 QUANTITIES = ("tokens", "logprobs", "loss", "weights")
@@ -45,6 +47,22 @@ def trace_divergence(trace: pd.DataFrame, reference: pd.DataFrame) -> str:
     return "the traces agree on every step"
 
 
+# what a rerun of the first steps does not depend on: where the run lives, the in-training eval
+# (the reruns have none), how long the training went on and what it kept on disk
+NOT_RERUN = ("results_dir", "eval", "train.steps", "train.verify_steps", "train.eval_every",
+             "train.eval_problems", "train.checkpoint_every", "train.keep_checkpoints")
+
+
+def check_same_training(cfg: dict, paths: RunPaths) -> None:
+    """Refuse to compare reruns under these settings with trainings made under others (a stage
+    run by hand after a config edit): the difference would be reported as non-determinism."""
+    for mode in MODES:
+        diff = changed_settings(paths, f"train_{mode}", None, cfg, ignore=NOT_RERUN)
+        if diff:
+            raise InputError(f"verify: {paths.train_trace(mode)} was made under other settings ({diff}); "
+                             f"rerun train_{mode} under these first (snakemake does)")
+
+
 def verify(cfg: dict, run) -> None:
     """Both modes' reruns in one process, one after the other: each mode's engines go with it,
     and CuPy's pool hands their blocks back before the next mode starts (as ablate_fix's runs
@@ -53,6 +71,7 @@ def verify(cfg: dict, run) -> None:
     from ratchet.gpu_memory import release_cupy_cache
 
     paths = RunPaths.from_config(cfg)
+    check_same_training(cfg, paths)
     n = min(cfg["train"]["verify_steps"], cfg["train"]["steps"])
     report = {"verify_steps": n}
     for mode in MODES:
