@@ -387,7 +387,18 @@ def close_abandoned_pipelines(results_dir: str | Path, current: str | None) -> l
     markers = [m for m in sorted((results_dir / ".pipelines").glob("*.json")) if m.stem != current]
     if not (enabled() and markers):
         return []
-    return [_close(results_dir, m, "KILLED", "KILLED") for m in markers]
+    closed = []
+    for marker in markers:
+        try:
+            closed.append(_close(results_dir, marker, "KILLED", "KILLED"))
+        except Exception as e:  # a marker of a run this store does not hold (moved aside, another URI)
+            gone = isinstance(e, (ValueError, KeyError)) or "RESOURCE_DOES_NOT_EXIST" in str(getattr(e, "error_code", ""))
+            print(f"ratchet: tracking: the run of an earlier, killed pipeline ({marker.name}) could not be "
+                  f"closed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                  f"{'; not in this store, its marker removed' if gone else ''}", file=sys.stderr)
+            if gone:
+                marker.unlink(missing_ok=True)
+    return closed
 
 
 def _close(results_dir: Path, marker: Path, status: str, children_status: str) -> str:
@@ -395,7 +406,7 @@ def _close(results_dir: Path, marker: Path, status: str, children_status: str) -
 
     from ratchet.tracking_store import close_running_children
 
-    run_id = json.loads(marker.read_text())["run_id"]
+    run_id = json.loads(marker.read_text())["run_id"]  # ValueError / KeyError: a marker that is not one
     with store_lock(results_dir):
         client = MlflowClient(tracking_uri(results_dir))
         close_running_children(client, run_id, children_status)

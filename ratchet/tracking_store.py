@@ -66,12 +66,16 @@ def _check_server(uri: str, timeout_s: float) -> None:
 
 
 def close_running_children(client, parent_run_id: str, status: str) -> list[str]:
-    """Mark the RUNNING children of a pipeline run `status` (a rule killed mid-run never closes
-    its own run); returns their ids."""
-    parent = client.get_run(parent_run_id)
-    runs = client.search_runs([parent.info.experiment_id],
-                              filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}' "
-                                            "and attributes.status = 'RUNNING'")
-    for run in runs:
-        client.set_terminated(run.info.run_id, status)
-    return [r.info.run_id for r in runs]
+    """Mark the RUNNING descendants of a pipeline run `status` (a rule killed mid-run never closes
+    its own run, nor the variant runs under it); returns their ids."""
+    experiment = client.get_run(parent_run_id).info.experiment_id
+    closed, parents = [], [parent_run_id]
+    while parents:  # a finished run closed its own variants: only RUNNING ones are searched under
+        runs = [run for parent in parents
+                for run in client.search_runs([experiment], filter_string=f"tags.mlflow.parentRunId = '{parent}' "
+                                                                          "and attributes.status = 'RUNNING'")]
+        for run in runs:
+            client.set_terminated(run.info.run_id, status)
+        closed += [run.info.run_id for run in runs]
+        parents = [run.info.run_id for run in runs]
+    return closed

@@ -61,6 +61,8 @@ cfg = validate({"results_dir": sys.argv[1]})
 export_to_jobs(cfg)
 run = StageRun("train_colocated", cfg).__enter__()
 print("RUN_ID", run.run_id, flush=True)
+if len(sys.argv) > 2:  # a variant run under the rule's, as the ablations open
+    print("VARIANT_ID", run.variant(sys.argv[2], {}).run_id, flush=True)
 os._exit(9)  # as a kill -9 mid-rule: no __exit__, no onerror
 """
 
@@ -69,9 +71,10 @@ def test_runs_left_running_by_a_killed_pipeline_are_closed_at_the_next_start(tmp
     from mlflow.tracking import MlflowClient
 
     results = tmp_path / "results"
-    proc = subprocess.run([sys.executable, "-c", KILLED_MID_RULE, str(results)], capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", KILLED_MID_RULE, str(results), "none"], capture_output=True,
                           text=True, env=_env(), timeout=120)
     child_id = next(line.split()[1] for line in proc.stdout.splitlines() if line.startswith("RUN_ID"))
+    variant_id = next(line.split()[1] for line in proc.stdout.splitlines() if line.startswith("VARIANT_ID"))
     client = MlflowClient(f"sqlite:///{results / 'mlflow.db'}")
     child = client.get_run(child_id)
     parent_id = child.data.tags["mlflow.parentRunId"]
@@ -80,6 +83,20 @@ def test_runs_left_running_by_a_killed_pipeline_are_closed_at_the_next_start(tmp
     done = _snakemake(tmp_path, _env(), "download_model")
     assert done.returncode == 0, done.stderr[-2000:]
     assert client.get_run(child_id).info.status == "KILLED"
+    assert client.get_run(variant_id).info.status == "KILLED"  # was left RUNNING under its rule's run
     assert client.get_run(parent_id).info.status == "KILLED"
     experiment = client.get_experiment(child.info.experiment_id)
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # the UI opens on runs
+
+
+def test_a_marker_of_a_run_the_store_does_not_hold_is_dropped_not_fatal(tmp_path):
+    """After the store was moved aside (as its corrupt-store message advises), a killed
+    pipeline's marker named a run the new store lacks: every later start failed on it."""
+    markers = tmp_path / "results" / ".pipelines"
+    markers.mkdir(parents=True)
+    (markers / "gone.json").write_text('{"run_id": "dd99b4b7378a4957addca2573dbdb974"}')
+    (markers / "garbled.json").write_text("{")
+    done = _snakemake(tmp_path, _env(), "download_model")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "could not be closed" in done.stderr and "its marker removed" in done.stderr
+    assert not list(markers.glob("gone.json")) and not list(markers.glob("garbled.json"))
