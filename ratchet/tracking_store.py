@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import sqlite3
 import urllib.error
 import urllib.parse
@@ -42,6 +43,12 @@ def _check_sqlite(path: Path, uri: str, timeout_s: float) -> None:
             raise TrackingStoreError(f"MLflow store {uri} needs the {module} package, which this Python "
                                      f"lacks ({e}): pip install sqlalchemy alembic (or the full mlflow), "
                                      f"or {OFF_HINT}") from None
+    # SQLite writes a journal beside the file: a read-only file or folder fails only at the
+    # stage's first write, after its work, in words of SQLAlchemy's that do not say why
+    for needed in ([path] if path.exists() else []) + [path.parent]:
+        if needed.exists() and not os.access(needed, os.W_OK):
+            raise TrackingStoreError(f"MLflow store {uri}: {needed} is not writable here; "
+                                     f"make it so, point MLFLOW_TRACKING_URI elsewhere, or {OFF_HINT}")
     if not path.exists():
         return  # MLflow creates it
     try:

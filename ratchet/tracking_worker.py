@@ -144,13 +144,29 @@ def serve(lines, reply) -> None:
         reply.flush()
 
 
+def describe(error: BaseException) -> str:
+    """One line for the user: the error, and the first cause beneath it that says what went
+    wrong (MLflow wraps SQLAlchemy, which wraps sqlite3's "attempt to write a readonly
+    database" or "database or disk is full" under a first line of its own boilerplate)."""
+    def line(e):
+        text = str(e).strip()
+        return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
+
+    causes, e = [], error
+    while e is not None and len(causes) < 8:
+        causes.append(e)
+        e = getattr(e, "orig", None) or e.__cause__ or e.__context__
+    root = causes[-1]
+    return line(error) if root is error else f"{line(error)} (cause: {line(root)})"
+
+
 def work(lines, reply) -> int:
     """serve(), then a last line: "done", or the error that stopped it (the stage raises it as
     one line, after its own work). The exit status."""
     try:
         serve(lines, reply)
     except Exception as e:  # noqa: BLE001
-        reply.write(json.dumps({"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}) + "\n")
+        reply.write(json.dumps({"error": describe(e)}) + "\n")
         reply.flush()
         return 1
     reply.write(json.dumps({"done": True}) + "\n")

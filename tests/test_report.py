@@ -204,3 +204,28 @@ def test_vllm_beside_ratchet_shows_in_the_report_only_once_its_table_is_there(tm
     wide = tables.decomposition_compact(tables.by_engine(both), "abs_diff_mean")
     assert {"ratchet fp16 total", "vLLM fp16 total"} <= set(wide.columns)
     assert np.allclose(wide["vLLM fp16 total"], 1.5 * wide["ratchet fp16 total"])
+
+
+def test_an_on_demand_table_made_under_other_settings_is_left_out_saying_why(tmp_path, capsys):
+    """The vLLM decomposition and the learning runs are read where they are (no rule makes
+    them for the report): one made before an ablate.* edit was shown as this run's."""
+    from ratchet.stages.guard import write_stamp
+
+    before = validate({"results_dir": str(tmp_path), "ablate": {"updates": [0, 1]}})
+    paths = RunPaths.from_config(before)
+    paths.decompose_vllm_table.parent.mkdir(parents=True)
+    both = pd.concat([decompose_frame().assign(backend=b) for b in ("cuda", "vllm")], ignore_index=True)
+    both.to_parquet(paths.decompose_vllm_table)
+    write_stamp("ablate_decompose_vllm", before)
+    paths.learning_summary.write_text(json.dumps({"learning_steps": 20}))
+    write_stamp("ablate_learning", before)
+    report(before, FakeRun())
+    assert "### vLLM beside ratchet's engine" in paths.report_summary.read_text()
+
+    after = validate({"results_dir": str(tmp_path), "ablate": {"updates": [0, 3]}})
+    report(after, FakeRun())
+    assert "vLLM beside ratchet's engine" not in paths.report_summary.read_text()
+    assert "learning_steps" not in json.loads(paths.ablate_summary.read_text())
+    out = capsys.readouterr().out
+    assert "ablate_decompose_vllm's outputs were made under other settings (ablate.updates:" in out
+    assert "ablate_learning's outputs were made under other settings" in out

@@ -100,3 +100,43 @@ def test_a_marker_of_a_run_the_store_does_not_hold_is_dropped_not_fatal(tmp_path
     assert done.returncode == 0, done.stderr[-2000:]
     assert "could not be closed" in done.stderr and "its marker removed" in done.stderr
     assert not list(markers.glob("gone.json")) and not list(markers.glob("garbled.json"))
+
+
+def test_a_store_it_cannot_write_is_named_before_any_work(tmp_path, monkeypatch):
+    """A read-only store passed the up-front check (opened read-only) and failed at the stage's
+    first write, after its work. (Root writes past file modes, so os.access stands in for a
+    read-only mount here.)"""
+    from ratchet import tracking_store
+    from ratchet.tracking_store import TrackingStoreError, check_store
+
+    db = tmp_path / "mlflow.db"
+    sqlite3_db(db)
+    check_store(f"sqlite:///{db}")
+    monkeypatch.setattr(tracking_store.os, "access", lambda p, mode: Path(p) != tmp_path)
+    with pytest.raises(TrackingStoreError, match=f"{tmp_path} is not writable here"):
+        check_store(f"sqlite:///{db}")
+
+
+def sqlite3_db(path: Path) -> None:
+    import sqlite3
+
+    with sqlite3.connect(path) as db:
+        db.execute("create table t (x)")
+
+
+def test_the_worker_names_the_cause_beneath_sqlalchemys_first_line():
+    import sqlite3
+
+    from ratchet.tracking_worker import describe
+
+    try:
+        try:
+            raise sqlite3.OperationalError("database or disk is full")
+        except sqlite3.Error as e:
+            raise RuntimeError("(raised as a result of Query-invoked autoflush; consider using a "
+                               "session.no_autoflush block)\nmore") from e
+    except RuntimeError as e:
+        said = describe(e)
+    assert said == ("RuntimeError: (raised as a result of Query-invoked autoflush; consider using a "
+                    "session.no_autoflush block) (cause: OperationalError: database or disk is full)")
+    assert describe(ValueError("plain")) == "ValueError: plain"

@@ -27,6 +27,23 @@ def training_inputs(paths: RunPaths, rules) -> list[str]:
     return sorted(wanted & {str(f) for r in rules for f in r.output})
 
 
+# stages run on demand, outside the default DAG: the report reads their outputs where they are,
+# so it checks itself that they were made under the settings it reports
+ON_DEMAND = ("ablate_decompose_vllm", "ablate_learning")
+
+
+def made_here(paths: RunPaths, cfg: dict, stage: str) -> bool:
+    """Whether `stage`'s outputs, if any, were made under `cfg`'s settings (else they are left
+    out of the report, saying why, rather than shown as this run's)."""
+    from ratchet.stages.guard import changed_settings
+
+    diff = changed_settings(paths, stage, None, cfg)
+    if diff:
+        print(f"[report] {stage}'s outputs were made under other settings ({diff}): left out; "
+              f"rerun `snakemake {stage}` to include them", flush=True)
+    return diff is None
+
+
 def _json(path: Path) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
@@ -46,11 +63,12 @@ def gather(cfg: dict):
     rel = lambda p: os.path.relpath(p, paths.report)  # noqa: E731  links from summary.md
     build = _json(paths.build)
     engine = f"{build['backend']}, {build['dtype']}" if build else cfg["engine"]["dtype"]
-    figures = {name: rel(p) if p.is_file() else None for name, p in
-               [("decompose", paths.decompose_figure), ("decompose_vllm", paths.decompose_vllm_figure),
-                ("visibility", paths.visibility_figure),
-                ("fix", paths.fix_figure), ("gradient", paths.gradient_figure),
-                ("learning", paths.learning_figure)]}
+    vllm, learning = (made_here(paths, cfg, stage) for stage in ON_DEMAND)
+    figures = {name: rel(p) if p.is_file() and fresh else None for name, p, fresh in
+               [("decompose", paths.decompose_figure, True), ("decompose_vllm", paths.decompose_vllm_figure, vllm),
+                ("visibility", paths.visibility_figure, True),
+                ("fix", paths.fix_figure, True), ("gradient", paths.gradient_figure, True),
+                ("learning", paths.learning_figure, learning)]}
     return ReportInputs(
         run_name=cfg["run_name"], engine=engine,
         baseline=_json(paths.eval_json("baseline")),
@@ -59,10 +77,11 @@ def gather(cfg: dict):
         train={m: _parquet(paths.train_metrics(m)) for m in TRAIN_MODES},
         verify=_json(paths.verify_json),
         decompose=_parquet(paths.decompose_table), visibility=_parquet(paths.visibility_table),
-        decompose_vllm=_parquet(paths.decompose_vllm_table),  # made on demand: read when there
+        decompose_vllm=_parquet(paths.decompose_vllm_table) if vllm else None,
         fix_steps=_parquet(paths.fix_steps), fix_runs=_parquet(paths.fix_table),
         gradient=_parquet(paths.gradient_table),
-        learning_runs=_parquet(paths.learning_table), learning_diffs=_parquet(paths.learning_diffs),
+        learning_runs=_parquet(paths.learning_table) if learning else None,
+        learning_diffs=_parquet(paths.learning_diffs) if learning else None,
         ablate_summary=_json(paths.ablate_summary), ablate_settings=dict(cfg["ablate"]),
         figures=figures)
 
@@ -77,7 +96,8 @@ def write_ablation_records(cfg: dict, inputs, run) -> dict:
                      inputs.fix_runs, inputs.gradient)
     build = _json(paths.build)
     record.update({"run_name": cfg["run_name"], "backend": build["backend"] if build else None})
-    record.update(_json(paths.learning_summary) or {})  # ablate_learning's, where it ran
+    if inputs.learning_runs is not None:  # ablate_learning's, where it ran under these settings
+        record.update(_json(paths.learning_summary) or {})
     write_json(paths.ablate_summary, record)
     print("[report] ablation records: " + json.dumps(record), flush=True)
     run.log_metrics({f"ablate/{k}": v for k, v in record.items()
