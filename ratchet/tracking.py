@@ -17,6 +17,8 @@ import time
 from importlib import metadata
 from pathlib import Path
 
+from ratchet.tracking_outbox import Outbox
+
 PIPELINE_ENV = "RATCHET_PIPELINE_ID"
 # MLflow's UI opens an experiment of this kind on its runs, not on the GenAI traces view
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
@@ -256,16 +258,13 @@ class _Worker:
             os.close(write_end)
             self.messages = self.proc.stdin
             self.replies = os.fdopen(read_end)
+        self.outbox = Outbox(self.messages)  # a stalled store never blocks the stage's own work
         self.ids: dict[str, str] = {}
         self.error: str | None = None
         self.done = False
 
     def send(self, msg: dict) -> None:
-        try:
-            self.messages.write(json.dumps(msg) + "\n")
-            self.messages.flush()
-        except (BrokenPipeError, ConnectionError, ValueError):  # it has stopped: finish() reads why
-            pass
+        self.outbox.put(json.dumps(msg) + "\n")  # a worker that stopped: finish() reads why
 
     def run_id(self, name: str) -> str | None:
         while name not in self.ids and self._read_reply():
@@ -273,17 +272,33 @@ class _Worker:
         return self.ids.get(name)
 
     def finish(self) -> str | None:
-        """Wait for the worker to apply every message; its error, or None."""
-        with contextlib.suppress(BrokenPipeError, ConnectionError, ValueError):
-            self.messages.close()
-        if self.sock is not None:
-            return self._finish_socket()
-        try:
-            code = self.proc.wait(timeout=WORKER_WAIT_S)
-        except subprocess.TimeoutExpired:
+        """Wait for the worker to apply every message (WORKER_WAIT_S at most, all told); its
+        error, or None."""
+        deadline = time.monotonic() + WORKER_WAIT_S
+        late = f"the store did not take the stage's writes within {WORKER_WAIT_S} s"
+        if not self.outbox.close(WORKER_WAIT_S):
+            self._stop()
+            return late
+        failure = self._finish_socket() if self.sock is not None else self._finish_process(deadline, late)
+        if failure is None and self.outbox.dropped:
+            failure = f"{self.outbox.dropped} messages were dropped: the store fell behind the stage"
+        return failure
+
+    def _stop(self) -> None:
+        """End a worker that stopped reading (its blocked write then fails)."""
+        if self.proc is not None:
             self.proc.kill()
             self.proc.wait()
-            return f"the store did not take the stage's writes within {WORKER_WAIT_S} s"
+        else:
+            with contextlib.suppress(OSError):
+                self.sock.close()
+
+    def _finish_process(self, deadline: float, late: str) -> str | None:
+        try:
+            code = self.proc.wait(timeout=max(deadline - time.monotonic(), 0.0))
+        except subprocess.TimeoutExpired:
+            self._stop()
+            return late
         while self._read_reply():
             pass
         self.replies.close()

@@ -3,6 +3,7 @@
 import json
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -185,3 +186,36 @@ def test_the_forkserver_holds_the_sql_store_before_it_forks_a_worker(cfg, transp
         assert run.run_id
     maps = open(f"/proc/{tracking._forkserver[-1].pid}/maps").read()
     assert ext in maps
+
+
+def test_a_stalled_store_does_not_stall_the_stage(cfg, tmp_path, transport):
+    """The store's lock held elsewhere (a stuck writer, a server gone quiet): the worker stops
+    reading, and the stage's writes used to block in the full pipe (no bound) or raise a socket
+    timeout from log_metrics. The stage's own work goes on; its writes land once the store
+    answers again."""
+    import fcntl
+    import threading
+
+    from mlflow.tracking import MlflowClient
+
+    results = Path(cfg["results_dir"])
+    results.mkdir(parents=True)
+    held = open(results / ".mlflow.lock", "w")
+    fcntl.flock(held, fcntl.LOCK_EX)
+    run = tracking.StageRun("stalled", cfg).__enter__()
+    logged = threading.Event()
+
+    def work():  # ~0.5 MB of messages: far past what a pipe or socket buffers
+        for step in range(120):
+            run.log_metrics({f"m/{i}": float(i) for i in range(100)}, step)
+        logged.set()
+
+    threading.Thread(target=work, daemon=True).start()
+    finished = logged.wait(timeout=120)  # generous: seconds on any machine, forever before
+    fcntl.flock(held, fcntl.LOCK_UN)
+    held.close()
+    assert finished, "log_metrics blocked while the store was stalled"
+    run.__exit__(None, None, None)
+    client = MlflowClient(tracking.tracking_uri(results))
+    [stalled] = client.search_runs([client.get_experiment_by_name("ratchet").experiment_id])
+    assert stalled.info.status == "FINISHED" and len(client.get_metric_history(stalled.info.run_id, "m/7")) == 120
