@@ -148,7 +148,7 @@ class StageRun:
             return self
         self._worker = _Worker()
         self._worker.send({"op": "open", "stage": self.stage, "cfg": self.cfg,
-                           "pipeline_id": os.environ.get(PIPELINE_ENV)})
+                           "pipeline_id": os.environ.get(PIPELINE_ENV), "pid": os.getpid()})
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -399,7 +399,8 @@ def close_abandoned_pipelines(results_dir: str | Path, current: str | None) -> l
     """Parent runs (and RUNNING children) of invocations that were killed before they could
     close them: marked KILLED when the next pipeline starts. Returns their run ids."""
     results_dir = Path(results_dir)
-    markers = [m for m in sorted((results_dir / ".pipelines").glob("*.json")) if m.stem != current]
+    markers = [m for m in sorted((results_dir / ".pipelines").glob("*.json"))
+               if m.stem != current and not _still_running(m)]
     if not (enabled() and markers):
         return []
     closed = []
@@ -414,6 +415,23 @@ def close_abandoned_pipelines(results_dir: str | Path, current: str | None) -> l
             if gone:
                 marker.unlink(missing_ok=True)
     return closed
+
+
+def _still_running(marker: Path) -> bool:
+    """A hand-run stage's marker whose process is alive on this host (its runs are not abandoned)."""
+    try:
+        info = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return False
+    if not (isinstance(info, dict) and info.get("pid") and info.get("host") == socket.gethostname()):
+        return False
+    try:
+        os.kill(int(info["pid"]), 0)
+    except PermissionError:  # alive, under another user
+        return True
+    except (ProcessLookupError, ValueError, TypeError, OverflowError):
+        return False
+    return True
 
 
 def _close(results_dir: Path, marker: Path, status: str, children_status: str) -> str:

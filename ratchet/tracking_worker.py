@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from ratchet.tracking import (
 class Recorder:
     """One stage's runs in the store: its own (named "") and one per variant."""
 
-    def __init__(self, stage: str, cfg: dict, pipeline_id: str | None):
+    def __init__(self, stage: str, cfg: dict, pipeline_id: str | None, pid: int | None = None):
         from mlflow.tracking import MlflowClient
 
         for key, value in HTTP_LIMITS.items():
@@ -51,6 +52,13 @@ class Recorder:
                                          run_name=f"{cfg['run_name']}/{stage}")
             self.runs[""] = run.info.run_id
             self.log_batch("", params=flatten(cfg))
+        self.hand_marker = None
+        if not pipeline_id:  # a stage run by hand: killed, its runs would stay RUNNING with no
+            # pipeline run to find them by; the next pipeline start closes them (tracking.py)
+            self.hand_marker = self.results_dir / ".pipelines" / f"hand-{run.info.run_id}.json"
+            self.hand_marker.parent.mkdir(parents=True, exist_ok=True)
+            self.hand_marker.write_text(json.dumps({"run_id": run.info.run_id, "host": socket.gethostname(),
+                                                    "pid": pid}))
 
     def child(self, name: str, params: dict[str, str]) -> str:
         """A run nested under the stage's for one variant (MLflow's compare view sets them side
@@ -90,6 +98,8 @@ class Recorder:
         for name in [n for n in self.runs if n] + [""]:
             with store_lock(self.results_dir):
                 self.client.set_terminated(self.runs[name], status)
+        if self.hand_marker is not None:
+            self.hand_marker.unlink(missing_ok=True)
 
     def _experiment_id(self) -> str:
         name = self.cfg["tracking"]["experiment"]
@@ -126,7 +136,7 @@ def serve(lines, reply) -> None:
         msg = json.loads(line)
         op = msg.pop("op")
         if op == "open":
-            recorder = Recorder(msg["stage"], msg["cfg"], msg["pipeline_id"])
+            recorder = Recorder(msg["stage"], msg["cfg"], msg["pipeline_id"], msg.get("pid"))
             reply.write(json.dumps({"name": "", "run_id": recorder.runs[""]}) + "\n")
             print(f"[tracking] MLflow run {recorder.runs['']} ({msg['stage']}) at "
                   f"{tracking_uri(recorder.results_dir)}", flush=True)

@@ -140,3 +140,30 @@ def test_the_worker_names_the_cause_beneath_sqlalchemys_first_line():
     assert said == ("RuntimeError: (raised as a result of Query-invoked autoflush; consider using a "
                     "session.no_autoflush block) (cause: OperationalError: database or disk is full)")
     assert describe(ValueError("plain")) == "ValueError: plain"
+
+
+def test_runs_of_a_killed_hand_run_stage_are_closed_at_the_next_pipeline_start(tmp_path):
+    """A stage run by hand has no pipeline run to find its runs by: killed, it and its variants
+    stayed RUNNING for good. It leaves a marker of its own, which the next pipeline start
+    closes, unless its process is still alive."""
+    import json
+    import os
+    import socket
+
+    from mlflow.tracking import MlflowClient
+
+    results = tmp_path / "results"
+    script = KILLED_MID_RULE.replace("export_to_jobs(cfg)\n", "")  # no pipeline: by hand
+    proc = subprocess.run([sys.executable, "-c", script, str(results), "none"], capture_output=True,
+                          text=True, env=_env(), timeout=120)
+    ids = {line.split()[0]: line.split()[1] for line in proc.stdout.splitlines() if "_ID" in line}
+    client = MlflowClient(f"sqlite:///{results / 'mlflow.db'}")
+    assert all(client.get_run(i).info.status == "RUNNING" for i in ids.values())
+    assert "mlflow.parentRunId" not in client.get_run(ids["RUN_ID"]).data.tags
+    alive = results / ".pipelines" / "hand-alive.json"  # a hand run still working: left alone
+    alive.write_text(json.dumps({"run_id": "x", "host": socket.gethostname(), "pid": os.getpid()}))
+
+    done = _snakemake(tmp_path, _env(), "download_model")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert [client.get_run(i).info.status for i in ids.values()] == ["KILLED", "KILLED"]
+    assert sorted(p.name for p in (results / ".pipelines").glob("hand-*.json")) == ["hand-alive.json"]
