@@ -43,6 +43,7 @@ def tiny(tied=False, dtype="fp16", **overrides):
 
 @pytest.fixture
 def fake(monkeypatch):
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # as the adapter sets it; undone after
     fake_vllm.FakeLLM.instances.clear()
     return fake_vllm.install(monkeypatch)
 
@@ -155,7 +156,8 @@ def test_the_model_vllm_loads_is_a_hugging_face_directory_in_the_engine_dtype(fa
     assert engine.llm is llm
     kw = llm.kwargs
     assert kw["dtype"] == "bfloat16" and kw["logprobs_mode"] == LOGPROBS_MODE == "processed_logprobs"
-    assert kw["skip_tokenizer_init"] and kw["max_model_len"] == 64 and kw["max_num_seqs"] == 8
+    # one position past max_seq_len: score asks for a token after a full-length sequence
+    assert kw["skip_tokenizer_init"] and kw["max_model_len"] == 65 and kw["max_num_seqs"] == 8
     assert kw["gpu_memory_utilization"] == 0.25 and kw["enforce_eager"] is False
     path = Path(llm.model_path)
     config = json.loads((path / "config.json").read_text())
@@ -269,7 +271,9 @@ def test_requests_it_cannot_honour_are_refused(fake):
     engine.add(Request(0, [1], 4))
     with pytest.raises(ValueError, match="already running"):
         engine.add(Request(0, [1], 4))
-    with pytest.raises(ValueError, match="no batch-invariant mode"):
+    with pytest.raises(ValueError, match=r"temperature 0.005 on engine.backend 'vllm', which samples below 0.01"):
+        engine.add(Request(1, [1], 4, temperature=0.005))  # vLLM would sample (and score) at 0.01
+    with pytest.raises(InputError, match="no batch-invariant mode"):  # one line from the CLI
         engine_on_fake(fake, batch_invariant=True)
     with pytest.raises(ValueError, match="takes none of"):
         engine_on_fake(fake, overlap=False)
@@ -325,6 +329,35 @@ def test_score_reads_the_answers_prompt_logprobs(fake):
     with pytest.raises(ValueError, match="answer 0 has token id -1"):  # the checks ratchet's engine makes
         engine.score([[1]], [[-1]], temperature=1.0)
     assert len(engine.llm.llm_engine.added) == 2  # refused before anything reached vLLM
+
+
+def test_score_refuses_a_sequence_with_no_position_left_and_aborts_what_it_queued_on_failure(fake):
+    engine = engine_on_fake(fake, tiny(max_position_embeddings=64))  # no 65th position for score's token
+    assert engine.max_model_len == 64
+    with pytest.raises(ValueError, match="answer 1 fills the model's 64 positions"):
+        engine.score([[1], [1] * 60], [[2], [3] * 4], temperature=1.0)
+    assert engine.llm.llm_engine.added == []  # refused before vLLM (which raises its own error)
+    step = engine.llm.llm_engine.step
+    engine.llm.llm_engine.step = lambda: (_ for _ in ()).throw(RuntimeError("injected"))
+    with pytest.raises(RuntimeError, match="injected"):
+        engine.score([[1], [2]], [[3], [4]], temperature=1.0)
+    assert engine.llm.llm_engine.live == {}  # left there, they would run under the next weights
+    engine.llm.llm_engine.step = step
+
+
+def test_vllm_runs_in_this_process_where_its_weights_are_written(fake, monkeypatch):
+    """update_weights and weight_checksums hand vLLM a function (apply_model), which its
+    engine process cannot receive: the adapter asks for the engine in-process, and refuses a
+    user's explicit multiprocessing in one line."""
+    from ratchet.vllm.engine import MULTIPROCESSING_ENV
+
+    monkeypatch.setenv(MULTIPROCESSING_ENV, "placeholder")  # restored (absent) after the test
+    monkeypatch.delenv(MULTIPROCESSING_ENV)
+    engine_on_fake(fake)
+    assert os.environ[MULTIPROCESSING_ENV] == "0"
+    monkeypatch.setenv(MULTIPROCESSING_ENV, "1")
+    with pytest.raises(InputError, match=f"needs vLLM's engine in this process \\({MULTIPROCESSING_ENV}=0\\)"):
+        engine_on_fake(fake)
 
 
 def test_a_generate_that_fails_midway_cancels_its_batch_in_vllm(fake):

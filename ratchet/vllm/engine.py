@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import itertools
+import os
 import shutil
 import tempfile
 import time
@@ -37,11 +38,14 @@ import numpy as np
 from ratchet.engine.engine import EngineStats, engine_limits
 from ratchet.engine.generate import run_to_completion
 from ratchet.engine.request import Request, check_addable, check_scorable, stop_reason
+from ratchet.errors import InputError
 from ratchet.model.checksum import block_checksums
 from ratchet.vllm.names import PADDED_VOCAB, hf_update, vllm_parameter
 
 LOGPROBS_MODE = "processed_logprobs"  # after temperature: ratchet's log_softmax(logits / T)
 VLLM_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
+MIN_TEMPERATURE = 1e-2  # vLLM raises a temperature in (0, 0.01) to 0.01 (SamplingParams), silently
 INSTALL_HINT = ("pip install 'ratchet[vllm]' on a CUDA machine, or on the offline GPU machine "
                 "the wheelhouse that dev/gpu/vllm.sh installs")
 
@@ -67,6 +71,16 @@ def import_vllm():
     return vllm
 
 
+def in_process() -> None:
+    """vLLM's engine in this process: the weight updates and checksums hand it a function to run
+    on its model (apply_model), which vLLM's engine process cannot receive (its messages refuse
+    functions). Set before vLLM is imported; a user's explicit 1 is refused, not overridden."""
+    if os.environ.setdefault(MULTIPROCESSING_ENV, "0") != "0":
+        raise InputError(f"engine.backend 'vllm' needs vLLM's engine in this process ({MULTIPROCESSING_ENV}=0): "
+                         f"ratchet writes and reads its weights in place; {MULTIPROCESSING_ENV} is "
+                         f"{os.environ[MULTIPROCESSING_ENV]!r} here")
+
+
 def derived_seed(seed: int, request_id: int, start: int) -> int:
     """vLLM's seed for the tokens of request `request_id` from output index `start` on: a
     resumed request does not replay the random stream of its first part."""
@@ -84,15 +98,19 @@ class VllmEngine:
         """`model`: `.cfg`, `.weights`, `.dtype` (an EngineModel), written as a Hugging Face
         directory for vLLM to load in `model.dtype`. `llm`: an already started vllm.LLM (tests)."""
         if batch_invariant:
-            raise ValueError("engine.backend 'vllm' has no batch-invariant mode (the exact forward, "
+            raise InputError("engine.backend 'vllm' has no batch-invariant mode (the exact forward, "
                              "train.exact_forward / ablate.batch_invariant, needs the cuda backend)")
         if device not in (None, 0):
-            raise NotImplementedError(f"engine.backend 'vllm' on GPU {device}: vLLM starts on the "
+            raise InputError(f"engine.backend 'vllm' on GPU {device}: vLLM starts on the "
                                       "first visible GPU (set CUDA_VISIBLE_DEVICES instead)")
         self.cfg, self.dtype = model.cfg, model.dtype
         self.max_seq_len, self.eos_ids = engine_limits(model.cfg, max_batch_size, max_seq_len, eos_ids)
         self.max_batch_size = max_batch_size
+        # score sends prompt + answer as one prompt and asks for a token past it: a sequence that
+        # fills max_seq_len needs one position more (as far as the model has positions)
+        self.max_model_len = min(self.max_seq_len + 1, model.cfg.max_position_embeddings)
         self.options = VllmOptions.from_dict(options)
+        in_process()
         self.vllm = import_vllm()
         self._delta = importlib.import_module("vllm.sampling_params").RequestOutputKind.DELTA
         self.llm = llm if llm is not None else self._start(model)
@@ -107,7 +125,7 @@ class VllmEngine:
         from ratchet.model.export_hf import export_hf
 
         if not self.options.enforce_eager and _torch().are_deterministic_algorithms_enabled():
-            raise ValueError(
+            raise InputError(
                 "engine.backend 'vllm': torch.use_deterministic_algorithms is on (the trainer's "
                 "reproducible mode, in training and in the ablations), and vLLM's start-up "
                 "compilation (torch.compile autotuning) refuses to run under it (seen with vLLM "
@@ -116,7 +134,7 @@ class VllmEngine:
         weakref.finalize(self, shutil.rmtree, tmp, True)
         export_hf(model, tmp / "model", model.dtype, tokenizer_dir=None)
         return self.vllm.LLM(model=str(tmp / "model"), dtype=VLLM_DTYPES[model.dtype], seed=0,
-                             max_model_len=self.max_seq_len, max_num_seqs=self.max_batch_size,
+                             max_model_len=self.max_model_len, max_num_seqs=self.max_batch_size,
                              logprobs_mode=LOGPROBS_MODE, skip_tokenizer_init=True,
                              generation_config="vllm",  # no sampling defaults from the directory
                              enable_prefix_caching=True,  # a group's answers share their prompt
@@ -150,6 +168,10 @@ class VllmEngine:
         if request.greedy and request.temperature not in (0, 1):
             raise ValueError(f"{where}: greedy at temperature {request.temperature} on engine.backend "
                              "'vllm', whose greedy log-probabilities are at temperature 1 (use 0 or 1)")
+        if not request.greedy and request.temperature < MIN_TEMPERATURE:
+            raise ValueError(f"{where}: temperature {request.temperature} on engine.backend 'vllm', which "
+                             f"samples below {MIN_TEMPERATURE} at {MIN_TEMPERATURE} (its log-probabilities "
+                             "too): the gap would be vLLM's change of temperature")
 
     def step(self) -> list[Request]:
         """One vLLM step; returns the requests that finished in it."""
@@ -253,25 +275,35 @@ class VllmEngine:
         if temperature not in (0, 1):
             raise NotImplementedError(f"score at temperature {temperature} on engine.backend 'vllm': "
                                       "vLLM's prompt log-probabilities are before temperature")
+        full = next((i for i, (p, a) in enumerate(zip(prompts, answers))
+                     if a and len(p) + len(a) >= self.max_model_len), None)
+        if full is not None:
+            raise ValueError(f"teacher forcing: answer {full} fills the model's {self.max_model_len} positions; "
+                             "vLLM scores a sequence as a prompt with a token to draw after it")
         self.drain("teacher forcing")
         sampling = self.vllm.SamplingParams
         out: list[list[float]] = [[] for _ in answers]
         waiting: dict[str, int] = {}
-        for i, (prompt, answer) in enumerate(zip(prompts, answers)):
-            if not answer:
-                continue
-            vllm_id = f"score-{next(self._ids)}"
-            params = sampling(temperature=0.0, max_tokens=1, prompt_logprobs=0, detokenize=False)
-            self.llm.llm_engine.add_request(vllm_id, {"prompt_token_ids": list(prompt) + list(answer)}, params)
-            waiting[vllm_id] = i
-        while waiting:
-            for result in self.llm.llm_engine.step():
-                i = waiting.get(result.request_id)
-                if i is None or not result.finished:
+        try:
+            for i, (prompt, answer) in enumerate(zip(prompts, answers)):
+                if not answer:
                     continue
-                del waiting[result.request_id]
-                begin, entries = len(prompts[i]), result.prompt_logprobs  # entry 0 is None
-                out[i] = [float(entries[begin + j][token].logprob) for j, token in enumerate(answers[i])]
+                vllm_id = f"score-{next(self._ids)}"
+                params = sampling(temperature=0.0, max_tokens=1, prompt_logprobs=0, detokenize=False)
+                self.llm.llm_engine.add_request(vllm_id, {"prompt_token_ids": list(prompt) + list(answer)}, params)
+                waiting[vllm_id] = i
+            while waiting:
+                for result in self.llm.llm_engine.step():
+                    i = waiting.get(result.request_id)
+                    if i is None or not result.finished:
+                        continue
+                    del waiting[result.request_id]
+                    begin, entries = len(prompts[i]), result.prompt_logprobs  # entry 0 is None
+                    out[i] = [float(entries[begin + j][token].logprob) for j, token in enumerate(answers[i])]
+        except BaseException:  # left in vLLM, they would run under the next weights
+            if waiting:
+                self.llm.llm_engine.abort_request(list(waiting))
+            raise
         return out
 
     # ---------------------------------------------------------------- helpers
