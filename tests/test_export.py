@@ -80,6 +80,27 @@ def test_export_in_a_narrower_dtype_says_whether_it_rounded(tmp_path):
     assert config["torch_dtype"] == "bfloat16"
 
 
+def test_the_export_keeps_its_own_ids_and_card_and_replaces_a_killed_export(tmp_path):
+    """The source's README.md (the base model's card) and generation_config.json were copied
+    over the export's own; a killed export left its temporary directories for good."""
+    src = _random_hf(Qwen2ForCausalLM, Qwen2Config(**SMALL), tmp_path / "src")
+    cfg, weights = convert_hf(src)
+    tok = save_char_tokenizer(tmp_path / "tok", ALPHABET)
+    (tok / "README.md").write_text("# the base model's card\n")
+    (tok / "generation_config.json").write_text(json.dumps({"eos_token_id": [99], "temperature": 0.7,
+                                                            "top_p": 0.8}))
+    (tmp_path / ".export.tmp-12345").mkdir()  # a killed export's leftovers
+    (tmp_path / ".export.old-12346").mkdir()
+    (tmp_path / "export").mkdir()
+    (tmp_path / "export" / "stale.txt").write_text("an earlier export's file")
+    export_hf(EngineModel(cfg, weights, "fp32"), tmp_path / "export", "fp32", tok, card="# ours\n")
+    out = tmp_path / "export"
+    generation = json.loads((out / "generation_config.json").read_text())
+    assert generation["eos_token_id"] == (cfg.eos_token_ids or None) and generation["temperature"] == 0.7
+    assert (out / "README.md").read_text() == "# ours\n" and not (out / "stale.txt").exists()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
 @pytest.mark.slow
 def test_the_export_stage_gives_the_trained_models_logits_in_transformers(tmp_path, monkeypatch):
     from ratchet.config import validate

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from ratchet.model.convert_hf import (
     unfused_shapes,
 )
 from ratchet.model.dtypes import round_to
-from ratchet.model.io import EngineModel, copy_tokenizer_files
+from ratchet.model.io import EngineModel, copy_tokenizer_files, replace_dir
 
 HF_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 ENGINE_TO_HF = {engine: hf for hf, engine in WEIGHT_MAP.items() if engine is not None}
@@ -76,31 +77,47 @@ def hf_tensors(cfg: ModelConfig, weights: dict[str, np.ndarray]) -> dict[str, np
     return out
 
 
-def export_hf(model: EngineModel, out_dir: str | Path, dtype: str, tokenizer_dir: str | Path | None) -> dict:
+def export_hf(model: EngineModel, out_dir: str | Path, dtype: str, tokenizer_dir: str | Path | None,
+              card: str | None = None) -> dict:
     """Write `out_dir` (config.json, generation_config.json, model.safetensors in `dtype`,
-    tokenizer files unless `tokenizer_dir` is None: vLLM fed token ids needs none) through a
-    temporary directory; returns what the export record holds."""
+    tokenizer files unless `tokenizer_dir` is None: vLLM fed token ids needs none; `card`, a
+    README.md, in place of the source's, which describes another model) through a temporary
+    directory swapped in by renames, so a kill never leaves a half-written one in place;
+    returns what the export record holds (`lossless`: against `model`'s own weights)."""
     out_dir = Path(out_dir)
     tensors = hf_tensors(model.cfg, model.weights)
     lossless = all(np.array_equal(round_to(w, dtype), w) for w in tensors.values())
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    for stale in out_dir.parent.glob(f".{out_dir.name}.*-*"):  # a killed export's temporary or old copy
+        if stale.is_dir() and re.fullmatch(rf"\.{re.escape(out_dir.name)}\.(tmp|old)-\d+", stale.name):
+            shutil.rmtree(stale, ignore_errors=True)
     tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    tmp.mkdir()
     try:
         safetensors_io.save(tmp / "model.safetensors", tensors, dtype, metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(hf_config(model.cfg, dtype), indent=2) + "\n")
-        generation = {"bos_token_id": model.cfg.bos_token_id,
-                      "eos_token_id": model.cfg.eos_token_ids or None,
-                      "pad_token_id": model.cfg.pad_token_id}
-        (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
         if tokenizer_dir is not None:
             copy_tokenizer_files(tokenizer_dir, tmp)
+            (tmp / "README.md").unlink(missing_ok=True)  # the source's model card
+        # the source's sampling defaults kept, its token ids the model's own
+        generation = _json_or_empty(tmp / "generation_config.json") | {
+            "bos_token_id": model.cfg.bos_token_id, "eos_token_id": model.cfg.eos_token_ids or None,
+            "pad_token_id": model.cfg.pad_token_id}
+        (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+        if card is not None:
+            (tmp / "README.md").write_text(card)
+        replace_dir(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    os.replace(tmp, out_dir)
     for path in sorted(out_dir.iterdir()):
         print(f"wrote {path}")
     return {"path": str(out_dir), "dtype": dtype, "lossless": lossless, "num_tensors": len(tensors)}
+
+
+def _json_or_empty(path: Path) -> dict:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}

@@ -83,7 +83,7 @@ def save_engine_model(out_dir: str | Path, cfg: ModelConfig, weights: dict[str, 
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _replace_dir(tmp, out_dir)
+    replace_dir(tmp, out_dir)
     for path in sorted(out_dir.iterdir()):
         print(f"wrote {path}")
     return out_dir
@@ -204,7 +204,7 @@ def inline_chat_template(tokenizer_dir: Path) -> None:
     jinja.unlink()
 
 
-def _replace_dir(new: Path, target: Path) -> None:
+def replace_dir(new: Path, target: Path) -> None:
     """Put `new` at `target`: two renames, so a reader never sees a half-written directory."""
     if not target.exists():
         os.replace(new, target)
