@@ -46,7 +46,7 @@ def model_card(cfg: dict, mode: str, evaluated: str, dtype: str) -> str:
     base model, and is left out)."""
     m = cfg["model"]
     base = m.get("repo_id") if m["source"] == "hub" else m.get("path") or m["source"]
-    rounded = "the same values" if evaluated == dtype else f"rounded to {dtype}"
+    rounded = "the same values" if dtype in (evaluated, "fp32") else f"rounded to {dtype}"
     return (f"# {cfg['run_name']}: GRPO, {mode} mode\n\n"
             f"Trained from `{base}` by ratchet (`ratchet export_{mode}`). The weights are the {evaluated} "
             f"copy the engine sampled and was evaluated with ({rounded}), not the fp32 masters.\n")
