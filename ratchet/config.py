@@ -78,6 +78,8 @@ def coerce_strings(schema: dict, value: Any) -> Any:
         return {k: coerce_strings(schema["properties"].get(k, {}), v) for k, v in value.items()}
     if isinstance(value, list) and isinstance(schema.get("items"), dict):
         return [coerce_strings(schema["items"], v) for v in value]
+    if types == ["string"] and isinstance(value, int) and not isinstance(value, bool):
+        return str(value)  # `run_name=2024` (or `run_name: 2024` in YAML) read as a number
     if isinstance(value, str) and types and "string" not in types:
         try:
             parsed = parse_value(value)

@@ -183,6 +183,13 @@ def test_overrides_parse_types():
         cfgmod.apply_overrides({}, ["seed"])
 
 
+def test_a_run_name_of_digits_is_a_name_not_a_number():
+    assert cfgmod.load(None, ["run_name=2024"])["run_name"] == "2024"
+    assert cfgmod.validate({"run_name": 7})["run_name"] == "7"
+    with pytest.raises(cfgmod.ConfigError, match="'run_name'"):
+        cfgmod.validate({"run_name": 1.5})  # not a whole number: still refused, by its key
+
+
 def test_missing_config_file_is_named(tmp_path):
     with pytest.raises(cfgmod.ConfigError, match="nope.yaml"):
         cfgmod.load(tmp_path / "nope.yaml")
