@@ -172,16 +172,25 @@ def describe(error: BaseException) -> str:
 
 def work(lines, reply) -> int:
     """serve(), then a last line: "done", or the error that stopped it (the stage raises it as
-    one line, after its own work). The exit status."""
+    one line, after its own work). The exit status. A stage that is gone (killed) has no one
+    to tell: its broken pipe ends the worker quietly, not with a traceback in the stage's log."""
     try:
-        serve(lines, reply)
-    except Exception as e:  # noqa: BLE001
-        reply.write(json.dumps({"error": describe(e)}) + "\n")
-        reply.flush()
+        try:
+            serve(lines, reply)
+        except BrokenPipeError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            _say(reply, {"error": describe(e)})
+            return 1
+        _say(reply, {"done": True})
+        return 0
+    except (BrokenPipeError, ConnectionResetError):
         return 1
-    reply.write(json.dumps({"done": True}) + "\n")
+
+
+def _say(reply, message: dict) -> None:
+    reply.write(json.dumps(message) + "\n")
     reply.flush()
-    return 0
 
 
 def main(argv: list[str]) -> int:

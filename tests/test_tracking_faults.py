@@ -167,3 +167,18 @@ def test_runs_of_a_killed_hand_run_stage_are_closed_at_the_next_pipeline_start(t
     assert done.returncode == 0, done.stderr[-2000:]
     assert [client.get_run(i).info.status for i in ids.values()] == ["KILLED", "KILLED"]
     assert sorted(p.name for p in (results / ".pipelines").glob("hand-*.json")) == ["hand-alive.json"]
+
+
+def test_a_worker_whose_stage_is_gone_ends_quietly():
+    """A killed stage's worker wrote its reply into the broken pipe and printed a traceback
+    into the stage's log; it now ends with status 1 and nothing to say."""
+    from ratchet.tracking_worker import work
+
+    class Gone:
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    assert work(iter(()), Gone()) == 1
