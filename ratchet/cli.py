@@ -130,9 +130,10 @@ def main(argv: list[str] | None = None) -> int:
     cfg = jobs = None
     try:
         cfg = _config(args)
-        from ratchet.preflight import check_settings
+        if not getattr(args, "config_from_env", False):  # a pipeline's rule: its Snakefile checked them
+            from ratchet.preflight import check_settings
 
-        check_settings(cfg)  # a bad pair of keys names them before any work, as in the pipeline
+            check_settings(cfg)  # a bad pair of keys names them before any work, as in the pipeline
         if args.stage == "config":
             text = json.dumps(cfg, indent=2, sort_keys=True) + "\n"
             if args.out:

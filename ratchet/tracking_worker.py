@@ -162,11 +162,12 @@ def describe(error: BaseException) -> str:
         text = str(e).strip()
         return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
 
-    causes, e = [], error
-    while e is not None and len(causes) < 8:
-        causes.append(e)
-        e = getattr(e, "orig", None) or e.__cause__ or e.__context__
-    root = causes[-1]
+    root = error
+    for _ in range(7):  # a chain, not a loop: bounded all the same
+        beneath = getattr(root, "orig", None) or root.__cause__ or root.__context__
+        if beneath is None:
+            break
+        root = beneath
     return line(error) if root is error else f"{line(error)} (cause: {line(root)})"
 
 
@@ -175,22 +176,18 @@ def work(lines, reply) -> int:
     one line, after its own work). The exit status. A stage that is gone (killed) has no one
     to tell: its broken pipe ends the worker quietly, not with a traceback in the stage's log."""
     try:
-        try:
-            serve(lines, reply)
-        except BrokenPipeError:
-            raise
-        except Exception as e:  # noqa: BLE001
-            _say(reply, {"error": describe(e)})
-            return 1
-        _say(reply, {"done": True})
-        return 0
+        serve(lines, reply)
+        message, status = {"done": True}, 0
+    except BrokenPipeError:  # the stage is gone
+        return 1
+    except Exception as e:  # noqa: BLE001
+        message, status = {"error": describe(e)}, 1
+    try:
+        reply.write(json.dumps(message) + "\n")
+        reply.flush()
     except (BrokenPipeError, ConnectionResetError):
         return 1
-
-
-def _say(reply, message: dict) -> None:
-    reply.write(json.dumps(message) + "\n")
-    reply.flush()
+    return status
 
 
 def main(argv: list[str]) -> int:

@@ -173,13 +173,18 @@ def test_save_replaces_existing_dir_and_copies_tokenizer(tmp_path, tiny_cfg):
     out = tmp_path / "m"
     save_engine_model(out, tiny_cfg, random_weights(tiny_cfg, 0), "fp32")
     (out / "stale.txt").write_text("from the previous save")
+    for killed in (".m.tmp-4307", ".m.old-4308"):  # a killed writer's copies (a whole model each)
+        (tmp_path / killed).mkdir()
+    (tmp_path / ".m.tmp-notes").mkdir()  # not one of ours: left
+    (tmp_path / ".other.tmp-1").mkdir()
     save_engine_model(out, tiny_cfg, random_weights(tiny_cfg, 1), "fp16", tokenizer_dir=tok)
     assert sorted(p.name for p in out.iterdir()) == [
         "config.json", "manifest.json", "model.safetensors", "special_tokens_map.json",
         "tokenizer.json", "tokenizer_config.json"]
     assert json.loads((out / "config.json").read_text())["engine_dtype"] == "fp16"
     assert json.loads((out / "tokenizer_config.json").read_text()) == {"chat_template": "{{ messages }}"}
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary left
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == [
+        ".m.tmp-notes", ".other.tmp-1"]  # no temporary of this model's left
 
 
 # ---------------------------------------------------------------- clear errors

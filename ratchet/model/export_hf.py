@@ -8,8 +8,6 @@ fused `wqkv` / `w_gate_up` cut into their parts, a Qwen2 / Llama `config.json` a
 from __future__ import annotations
 
 import json
-import os
-import re
 import shutil
 from pathlib import Path
 
@@ -26,7 +24,7 @@ from ratchet.model.convert_hf import (
     unfused_shapes,
 )
 from ratchet.model.dtypes import round_to
-from ratchet.model.io import EngineModel, copy_tokenizer_files, replace_dir
+from ratchet.model.io import EngineModel, copy_tokenizer_files, replace_dir, temporary_dir
 
 HF_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 ENGINE_TO_HF = {engine: hf for hf, engine in WEIGHT_MAP.items() if engine is not None}
@@ -87,12 +85,7 @@ def export_hf(model: EngineModel, out_dir: str | Path, dtype: str, tokenizer_dir
     out_dir = Path(out_dir)
     tensors = hf_tensors(model.cfg, model.weights)
     lossless = all(np.array_equal(round_to(w, dtype), w) for w in tensors.values())
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    for stale in out_dir.parent.glob(f".{out_dir.name}.*-*"):  # a killed export's temporary or old copy
-        if stale.is_dir() and re.fullmatch(rf"\.{re.escape(out_dir.name)}\.(tmp|old)-\d+", stale.name):
-            shutil.rmtree(stale, ignore_errors=True)
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
-    tmp.mkdir()
+    tmp = temporary_dir(out_dir)
     try:
         safetensors_io.save(tmp / "model.safetensors", tensors, dtype, metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(hf_config(model.cfg, dtype), indent=2) + "\n")

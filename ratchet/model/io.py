@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -59,10 +60,7 @@ def save_engine_model(out_dir: str | Path, cfg: ModelConfig, weights: dict[str, 
     # `dtype` by the same round-to-nearest-even rule as `round_to` (no extra fp32 copy here).
     ordered = {name: weights[name] for name in expected_shapes(cfg)}
 
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
+    tmp = temporary_dir(out_dir)
     try:
         start = time.perf_counter()
         safetensors_io.save(tmp / WEIGHTS_FILE, ordered, dtype)
@@ -202,6 +200,19 @@ def inline_chat_template(tokenizer_dir: Path) -> None:
     config.setdefault("chat_template", jinja.read_text())
     config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
     jinja.unlink()
+
+
+def temporary_dir(out_dir: Path) -> Path:
+    """A new `.<name>.tmp-<pid>` beside `out_dir`, for `replace_dir`, once the temporaries and
+    old copies a killed writer left there (each a whole model) are removed."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    stale = re.compile(rf"\.{re.escape(out_dir.name)}\.(tmp|old)-\d+")
+    for path in out_dir.parent.glob(f".{out_dir.name}.*-*"):
+        if path.is_dir() and stale.fullmatch(path.name):
+            shutil.rmtree(path, ignore_errors=True)
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
+    tmp.mkdir()
+    return tmp
 
 
 def replace_dir(new: Path, target: Path) -> None:
